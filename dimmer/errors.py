@@ -1,0 +1,50 @@
+"""The project's exceptions.
+
+DimmerError
+ └── InputError        bad user input (scenario, site config, register value, argument): exit status 2.
+                       str() is one line: "<source>: <key path>: <what was expected>".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+class DimmerError(Exception):
+    """Base of every error this project raises on purpose."""
+
+
+class InputError(DimmerError):
+    """Bad input from a user; the message names the source, the key path and what was expected."""
+
+    def __init__(self, source: str, key: str, expected: str) -> None:
+        self.source = source
+        self.key = key
+        self.expected = expected
+        super().__init__(f"{source}: {key}: {expected}")
+
+
+def key_path(loc: Sequence[Any]) -> str:
+    """Render a pydantic/TOML location such as ("jobs", 0, "gpus") as "jobs[0].gpus"."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def from_validation_error(source: str, exc: Any, prefix: Sequence[Any] = ()) -> InputError:
+    """Turn the first error of a pydantic ValidationError into a one-line InputError."""
+    err = exc.errors()[0]
+    # pydantic puts the union/tag name in loc for tagged unions; those parts are not keys a user wrote.
+    loc = [p for p in err.get("loc", ()) if not (isinstance(p, str) and p.startswith("function-"))]
+    msg = err.get("msg", "invalid value")
+    if err.get("type") == "extra_forbidden":
+        msg = "unknown key (check the spelling and the unit in the key name)"
+    got = err.get("input")
+    if err.get("type") not in ("missing", "extra_forbidden") and not isinstance(got, dict | list):
+        msg = f"{msg} (got {got!r})"
+    return InputError(source, key_path([*prefix, *loc]), msg)

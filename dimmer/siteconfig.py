@@ -1,0 +1,169 @@
+"""The site schema: the power tree, its ratings, the storage installed and the jobs placed on it.
+
+Shared by gridsim scenarios and the daemon's site config. Keys carry engineer units (`limit_mw`, `rating_kw`,
+`energy_mwh`); `dimmer.site.build_site` converts them to SI once. Every model forbids unknown keys so that a
+misspelt key or a wrong unit suffix is an error, not a silent default.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from dimmer.gpus import GPU_PRESETS
+
+LevelName = Literal["building", "hall", "row", "rack"]
+LEVEL_ORDER: tuple[str, ...] = ("campus", "building", "hall", "row", "rack")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _one_rating(rating_kw: float | None, rating_mw: float | None, required: bool) -> None:
+    if rating_kw is not None and rating_mw is not None:
+        raise ValueError("give rating_kw or rating_mw, not both")
+    if required and rating_kw is None and rating_mw is None:
+        raise ValueError("a rating is required: rating_kw or rating_mw")
+
+
+class LevelSpec(Strict):
+    """One level of the tree: `count` children under each domain of the level above, each with one rating."""
+
+    level: LevelName
+    count: int = Field(ge=1, le=100_000)
+    rating_kw: float | None = Field(default=None, gt=0)
+    rating_mw: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _rating(self) -> LevelSpec:
+        _one_rating(self.rating_kw, self.rating_mw, required=self.level != "rack")
+        return self
+
+    def rating_w(self) -> float | None:
+        if self.rating_kw is not None:
+            return self.rating_kw * 1e3
+        if self.rating_mw is not None:
+            return self.rating_mw * 1e6
+        return None
+
+
+class RatingOverride(Strict):
+    """A different rating for one named domain, e.g. `b0/h1/r3` (a derated row)."""
+
+    domain: str
+    rating_kw: float | None = Field(default=None, gt=0)
+    rating_mw: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _rating(self) -> RatingOverride:
+        _one_rating(self.rating_kw, self.rating_mw, required=True)
+        return self
+
+    def rating_w(self) -> float:
+        return self.rating_kw * 1e3 if self.rating_kw is not None else float(self.rating_mw or 0.0) * 1e6
+
+
+class PccSpec(Strict):
+    """The utility interconnect: import limit and the ramp the utility allows."""
+
+    limit_mw: float = Field(gt=0)
+    ramp_mw_per_min: float = Field(default=math.inf, gt=0)
+    ramp_window_s: float = Field(default=60.0, gt=0, le=3600)
+
+
+class TraySpec(Strict):
+    """Capacitor trays in each rack's power shelves (NVIDIA GB300: ~65 J per GPU)."""
+
+    j_per_gpu: float = Field(default=65.0, ge=0)
+    kw_per_rack: float = Field(default=30.0, ge=0)
+
+
+class BbuSpec(Strict):
+    """Rack battery backup units (OCP ORv3 high-power shelf: 33 kW for 90 s)."""
+
+    kw_per_rack: float = Field(default=33.0, ge=0)
+    kwh_per_rack: float = Field(default=33.0 * 90 / 3600, ge=0)
+    round_trip_eff: float = Field(default=0.92, gt=0, le=1)
+    soc_min_frac: float = Field(default=0.5, ge=0, lt=1)  # keeps ride-through reserve for an outage
+    soc_max_frac: float = Field(default=1.0, gt=0, le=1)
+    recharge_kw_per_rack: float = Field(default=3.0, ge=0)
+
+    @model_validator(mode="after")
+    def _window(self) -> BbuSpec:
+        if self.soc_min_frac >= self.soc_max_frac:
+            raise ValueError("soc_min_frac must be below soc_max_frac")
+        return self
+
+
+class BessSpec(Strict):
+    """The campus battery (NREL ATB round trip 85 %, Megapack 91 %; full power within 0.25 s; SoC 10-90 %)."""
+
+    power_mw: float = Field(default=0.0, ge=0)
+    energy_mwh: float = Field(default=0.0, ge=0)
+    round_trip_eff: float = Field(default=0.88, gt=0, le=1)
+    soc_min_frac: float = Field(default=0.1, ge=0, lt=1)
+    soc_max_frac: float = Field(default=0.9, gt=0, le=1)
+    soc_init_frac: float = Field(default=0.5, ge=0, le=1)
+    response_s: float = Field(default=0.25, ge=0)
+
+    @model_validator(mode="after")
+    def _window(self) -> BessSpec:
+        if self.soc_min_frac >= self.soc_max_frac:
+            raise ValueError("soc_min_frac must be below soc_max_frac")
+        if not self.soc_min_frac <= self.soc_init_frac <= self.soc_max_frac:
+            raise ValueError("soc_init_frac must lie within [soc_min_frac, soc_max_frac]")
+        return self
+
+
+class StorageSpec(Strict):
+    tray: TraySpec = TraySpec()
+    bbu: BbuSpec = BbuSpec()
+    bess: BessSpec = BessSpec()
+
+
+class JobPlacementSpec(Strict):
+    """Where a synchronous job runs and how much it matters. Exactly one of gpus, racks or building."""
+
+    name: str = Field(min_length=1)
+    priority: int = Field(default=0, ge=0, le=1000)  # higher keeps power longer
+    gpus: int | None = Field(default=None, ge=1)
+    racks: tuple[int, int] | None = None  # [first, last) rack index
+    building: str | None = None  # every free rack of that building (e.g. "b1")
+
+    @model_validator(mode="after")
+    def _one_placement(self) -> JobPlacementSpec:
+        given = [k for k in ("gpus", "racks", "building") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of gpus, racks or building")
+        if self.racks is not None and not 0 <= self.racks[0] < self.racks[1]:
+            raise ValueError("racks must be [first, last) with 0 <= first < last")
+        return self
+
+
+class SiteSpec(Strict):
+    gpu: str = "gb300"
+    gpus_per_rack: int = Field(default=72, ge=1, le=576)
+    active_gpus_per_rack: int = Field(default=64, ge=1, le=576)
+    spare_rack_frac: float = Field(default=0.02, ge=0, le=1)
+    rectifier_eff: float = Field(default=0.97, gt=0.5, le=1)  # OCP ORv3: 96.5-97.5 %
+    pcc: PccSpec
+    levels: list[LevelSpec] = Field(min_length=1)
+    overrides: list[RatingOverride] = []
+    storage: StorageSpec = StorageSpec()
+
+    @model_validator(mode="after")
+    def _check(self) -> SiteSpec:
+        if self.gpu not in GPU_PRESETS:
+            raise ValueError(f"gpu must be one of {sorted(GPU_PRESETS)}")
+        if self.active_gpus_per_rack > self.gpus_per_rack:
+            raise ValueError("active_gpus_per_rack cannot exceed gpus_per_rack")
+        names = [lv.level for lv in self.levels]
+        if names[-1] != "rack":
+            raise ValueError("levels must end with the rack level (it gives the racks per parent)")
+        order = [LEVEL_ORDER.index(n) for n in names]
+        if order != sorted(set(order)):
+            raise ValueError("levels must be distinct and ordered building, hall, row, rack")
+        return self
