@@ -38,7 +38,9 @@ def key_path(loc: Sequence[Any]) -> str:
 
 def from_validation_error(source: str, exc: Any, prefix: Sequence[Any] = ()) -> InputError:
     """Turn the first error of a pydantic ValidationError into a one-line InputError."""
-    err = exc.errors()[0]
+    errors = exc.errors()
+    # A misspelt key shows up twice, as an unknown key and as a missing one: name the key the user wrote.
+    err = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
     # pydantic puts the union/tag name in loc for tagged unions; those parts are not keys a user wrote.
     loc = [p for p in err.get("loc", ()) if not (isinstance(p, str) and p.startswith("function-"))]
     msg = err.get("msg", "invalid value")

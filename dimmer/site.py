@@ -8,6 +8,7 @@ sum; the sparse incidence matrix (domains x racks) is kept for callers that want
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,7 +34,7 @@ class BessRatings:
     soc_min_frac: float
     soc_max_frac: float
     soc_init_frac: float
-    response_s: float
+    response_tau_s: float
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ def _level_names(counts: list[int], prefixes: list[str]) -> list[list[str]]:
     return names
 
 
-def build_site(spec: SiteSpec, jobs: list[JobPlacementSpec] | None = None, source: str = "site") -> SiteModel:
+def build_site(spec: SiteSpec, jobs: Sequence[JobPlacementSpec] | None = None, source: str = "site") -> SiteModel:
     """Arrays for the tree that `spec` describes, with `jobs` placed on its racks.
 
     Raises InputError (naming `source` and the key) for an override of a domain that does not exist or a job that
@@ -213,7 +214,7 @@ def build_site(spec: SiteSpec, jobs: list[JobPlacementSpec] | None = None, sourc
         soc_min_frac=st.bess.soc_min_frac,
         soc_max_frac=st.bess.soc_max_frac,
         soc_init_frac=st.bess.soc_init_frac,
-        response_s=st.bess.response_s,
+        response_tau_s=st.bess.response_tau_s,
     )
     jobs = jobs or []
     return SiteModel(
@@ -242,7 +243,7 @@ def build_site(spec: SiteSpec, jobs: list[JobPlacementSpec] | None = None, sourc
 
 
 def _place_jobs(
-    spec: SiteSpec, jobs: list[JobPlacementSpec], names: list[list[str]], n_racks: int, source: str
+    spec: SiteSpec, jobs: Sequence[JobPlacementSpec], names: list[list[str]], n_racks: int, source: str
 ) -> tuple[IntArray, BoolArray, IntArray, IntArray]:
     active = spec.active_gpus_per_rack
     rack_job = np.full(n_racks, -1, dtype=np.int64)
@@ -280,7 +281,9 @@ def _place_jobs(
             else:
                 if job.building not in building_names:
                     raise InputError(
-                        source, f"{key}.building", f"a building of the site ({', '.join(building_names) or 'none'})"
+                        source,
+                        f"{key}.building",
+                        f"a building of the site ({', '.join(building_names) or 'none'})",
                     )
                 b = building_names.index(str(job.building))
                 candidates = np.arange(b * racks_per_building, (b + 1) * racks_per_building)

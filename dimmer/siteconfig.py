@@ -99,7 +99,10 @@ class BbuSpec(Strict):
 
 
 class BessSpec(Strict):
-    """The campus battery (NREL ATB round trip 85 %, Megapack 91 %; full power within 0.25 s; SoC 10-90 %)."""
+    """The campus battery.
+
+    NREL ATB round trip 85 %, Megapack 91 %; ERCOT fast frequency response: full power within 0.25 s; SoC 10-90 %.
+    """
 
     power_mw: float = Field(default=0.0, ge=0)
     energy_mwh: float = Field(default=0.0, ge=0)
@@ -107,7 +110,7 @@ class BessSpec(Strict):
     soc_min_frac: float = Field(default=0.1, ge=0, lt=1)
     soc_max_frac: float = Field(default=0.9, gt=0, le=1)
     soc_init_frac: float = Field(default=0.5, ge=0, le=1)
-    response_s: float = Field(default=0.25, ge=0)
+    response_tau_s: float = Field(default=0.08, ge=0)  # first order: 95 % of a step within 0.25 s (3 tau)
 
     @model_validator(mode="after")
     def _window(self) -> BessSpec:

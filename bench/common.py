@@ -1,0 +1,66 @@
+"""Scenario builders for benchmarks: campuses of any size in the shape the scenario library uses."""
+
+from __future__ import annotations
+
+import math
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gridsim.scenario import LoadedScenario, validate_scenario
+
+RACKS_PER_BUILDING = 320  # 4 halls x 8 rows x 10 racks: 23,040 GPUs, the seeds' ~20k-GPU building
+
+
+def campus(gpus: int, duration_s: float, controller: str = "none") -> LoadedScenario:
+    """A campus of about `gpus` GPUs: buildings of 320 NVL72 racks, one swinging job per building."""
+    racks = math.ceil(gpus / 72)
+    if racks <= RACKS_PER_BUILDING:
+        levels: list[dict[str, Any]] = [
+            {"level": "row", "count": math.ceil(racks / 10), "rating_mw": 1.5},
+            {"level": "rack", "count": 10},
+        ]
+        n_buildings = 0
+        racks = math.ceil(racks / 10) * 10
+    else:
+        n_buildings = math.ceil(racks / RACKS_PER_BUILDING)
+        racks = n_buildings * RACKS_PER_BUILDING
+        levels = [
+            {"level": "building", "count": n_buildings, "rating_mw": 40.0},
+            {"level": "hall", "count": 4, "rating_mw": 10.5},
+            {"level": "row", "count": 8, "rating_mw": 1.5},
+            {"level": "rack", "count": 10},
+        ]
+    limit_mw = racks * 0.14
+    if n_buildings:
+        jobs = [{"name": f"job{b}", "building": f"b{b}", "priority": b % 3} for b in range(n_buildings)]
+    else:
+        jobs = [{"name": "job0", "racks": [0, racks], "priority": 1}]
+    raw = {
+        "name": f"campus-{racks * 72}",
+        "duration_s": duration_s,
+        "site": {
+            "gpu": "gb300",
+            "pcc": {"limit_mw": limit_mw, "ramp_mw_per_min": limit_mw / 15},
+            "levels": levels,
+            "storage": {"bess": {"power_mw": limit_mw * 0.2, "energy_mwh": limit_mw * 0.1}},
+        },
+        "jobs": jobs,
+        "controller": {"name": controller},
+        "engine": {"record_racks": 64},
+    }
+    return LoadedScenario(validate_scenario(raw, "bench"), "bench", Path(tempfile.gettempdir()))
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    return f"{cpu}, {_cores()} cores, Python {platform.python_version()}, numpy {np.__version__}"
+
+
+def _cores() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

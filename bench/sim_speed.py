@@ -1,0 +1,83 @@
+"""Simulator speed: real-time factor for the issue's two reference runs, and cost per tick against site size.
+
+    python3 bench/sim_speed.py              # all figures (about 2 minutes on 2 cores)
+    python3 bench/sim_speed.py --quick      # shorter runs, same figures, noisier
+
+Prints figures; never passes or fails. Peak memory is measured in a child process per run (ru_maxrss).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import campus, machine
+
+
+def one_run(gpus: int, duration_s: float) -> dict[str, float]:
+    from gridsim.engine import run
+
+    t0 = time.perf_counter()
+    loaded = campus(gpus, duration_s)
+    site = loaded.site()
+    build_s = time.perf_counter() - t0
+    res = run(loaded)
+    n_ticks = res.t_s.size
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {
+        "gpus": site.n_gpus,
+        "racks": site.n_racks,
+        "domains": site.n_domains,
+        "sim_s": duration_s,
+        "wall_s": res.wall_s,
+        "x_realtime": duration_s / res.wall_s,
+        "us_per_tick": res.wall_s / n_ticks * 1e6,
+        "site_build_s": build_s,
+        "peak_rss_mb": peak_mb,
+    }
+
+
+def in_child(gpus: int, duration_s: float) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", str(gpus), str(duration_s)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--child", nargs=2, type=float)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(one_run(int(args.child[0]), args.child[1])))
+        return
+    scale = 0.1 if args.quick else 1.0
+    print(f"machine: {machine()}")
+    print("reference runs (controller none, dt 0.1 s):")
+    for gpus, dur, target in ((8192, 3600.0, 1000), (1_000_000, 600.0, 50)):
+        r = in_child(gpus, dur * scale)
+        print(
+            f"  {r['gpus']:>9,} GPUs {r['racks']:>6,} racks {r['sim_s']:>6.0f} s simulated: {r['wall_s']:7.1f} s wall, "
+            f"{r['x_realtime']:8.0f}x real time (target {target}x), peak RSS {r['peak_rss_mb']:.0f} MB, "
+            f"site built in {r['site_build_s']:.2f} s"
+        )
+    print("cost per tick against size (60 s simulated each):")
+    print(f"  {'GPUs':>10} {'racks':>7} {'us/tick':>9} {'us/tick/rack':>13}")
+    for gpus in (1_000, 8_192, 32_768, 131_072, 500_000, 1_000_000):
+        r = in_child(gpus, 60.0 * max(scale, 0.5))
+        print(f"  {r['gpus']:>10,} {r['racks']:>7,} {r['us_per_tick']:>9.0f} {r['us_per_tick'] / r['racks']:>13.3f}")
+
+
+if __name__ == "__main__":
+    main()

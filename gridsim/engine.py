@@ -1,0 +1,402 @@
+"""Couples the plant and a controller tick by tick.
+
+The engine owns the loop and the clock. Each plant tick (default 0.1 s): workload demand -> GPUs (caps, floors,
+ramps, lag) -> capacitor trays -> rack BBUs -> domain loads -> breakers -> campus battery -> grid import ->
+frequency. Each control period (default 1 s): telemetry (window average, delay, noise, dropouts) -> Observation ->
+Controller.step -> Actions, applied after the actuation latency. Recording keeps every campus-level aggregate at
+every tick, domains above rack level and the jobs at every control period, and a bounded sample of racks.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from dimmer.control import Controller, make_controller
+from dimmer.observation import Actions, Observation
+from dimmer.site import SiteModel
+from gridsim.events import job_mask, pcc_schedule
+from gridsim.plant.breakers import BreakerBank
+from gridsim.plant.gpu import GpuBank
+from gridsim.plant.grid import FrequencyModel, FrequencyReplay, load_frequency_csv
+from gridsim.plant.storage import CampusBess, CapacitorTrays, RackBbus
+from gridsim.plant.workload import Workload
+from gridsim.scenario import (
+    CurtailEvent,
+    DerateEvent,
+    FrequencyReplayEvent,
+    FrequencyStepEvent,
+    JobEvent,
+    LoadedScenario,
+)
+
+FloatArray = npt.NDArray[np.float64]
+
+# Per-tick campus aggregates, in this order, recorded for every tick.
+TICK_SERIES = (
+    "demand_w",  # what the racks would draw uncapped, with no floors and no storage
+    "load_w",  # what the racks draw after caps, floors and ramp limits
+    "campus_w",  # after capacitor trays and BBUs: the campus bus
+    "bess_w",  # campus battery, positive = discharging
+    "grid_w",  # import at the PCC
+    "pcc_limit_w",
+    "freq_hz",
+    "bess_soc_frac",
+    "floor_burn_w",  # power the floors burn above what the GPUs would draw
+)
+
+
+@dataclass
+class SimResult:
+    """Everything a run produced: the time axes, the series, the accounting; `summary` is filled by metrics."""
+
+    scenario: str
+    controller: str
+    seed: int
+    site: SiteModel
+    tick_s: float
+    duration_s: float
+    t_s: FloatArray  # (n_ticks,)
+    tick: dict[str, FloatArray]  # TICK_SERIES, each (n_ticks,)
+    period_t_s: FloatArray  # (n_periods,)
+    period: dict[str, FloatArray]  # (n_periods, n) series: domains, jobs, sampled racks
+    recorded_domains: npt.NDArray[np.int64]
+    recorded_racks: npt.NDArray[np.int64]
+    trips: list[tuple[float, str]]
+    accounting: dict[str, FloatArray]
+    storage: dict[str, float]
+    step_ms: FloatArray
+    wall_s: float
+    band_hz: tuple[float, float]
+    nominal_hz: float
+    events_log: list[tuple[float, str]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def to_pandas(self) -> Any:
+        import pandas as pd
+
+        return pd.DataFrame({"t_s": self.t_s, **self.tick})
+
+
+def _record_domain_index(site: SiteModel, racks: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    rack_level = int(site.domain_level.max())
+    upper = np.flatnonzero(site.domain_level < rack_level)
+    is_rack = site.domain_level == rack_level
+    rack_domains = np.flatnonzero(is_rack & np.isin(site.domain_rack_start, racks))
+    return np.concatenate([upper, rack_domains]).astype(np.int64)
+
+
+def run(
+    loaded: LoadedScenario,
+    controller: str | None = None,
+    seed: int | None = None,
+    progress: Callable[[float], None] | None = None,
+) -> SimResult:
+    """Run the scenario with `controller` (default: the scenario's) and `seed` (default: the scenario's)."""
+    sc = loaded.scenario
+    site = loaded.site()
+    name = controller or sc.controller.name
+    seed = sc.seed if seed is None else seed
+    ctrl: Controller = make_controller(name, site, sc.controllers.get(name, {}), source=loaded.source)
+    return Simulation(loaded, site, ctrl, seed).run(progress)
+
+
+class Simulation:
+    def __init__(self, loaded: LoadedScenario, site: SiteModel, ctrl: Controller, seed: int) -> None:
+        sc = loaded.scenario
+        self.loaded = loaded
+        self.sc = sc
+        self.site = site
+        self.ctrl = ctrl
+        self.seed = seed
+        streams = np.random.SeedSequence(seed).spawn(2)
+        self.rng_telemetry = np.random.default_rng(streams[1])
+        jobs = [
+            j.model_copy(update={"trace_path": str(loaded.resolve(j.trace_path))}) if j.trace_path else j
+            for j in sc.jobs
+        ]
+        self.workload = Workload(site, jobs, sc.background, np.random.default_rng(streams[0]), loaded.source)
+        self.gpus = GpuBank(site, sc.gpu)
+        self.trays = CapacitorTrays(site)
+        self.bbus = RackBbus(site)
+        self.bess = CampusBess(site)
+        self.breakers = BreakerBank(site, sc.breakers)
+        self.dt = sc.engine.tick_s
+        self.n_ticks = sc.n_ticks
+        self.ticks_per_period = round(sc.engine.control_period_s / self.dt)
+        self.pcc = pcc_schedule(site, sc.events)
+
+        # Rack -> AC power is affine in the per-GPU draw: rack_w = gain * draw + fixed.
+        zero = site.rack_power_w(np.zeros(site.n_racks))
+        self.rack_gain = site.rack_power_w(np.ones(site.n_racks)) - zero
+        self.rack_fixed = zero
+        # Running racks of each job, grouped so one reduceat gives each job's slowest rack.
+        running = (site.rack_job >= 0) & ~site.rack_is_spare
+        order = np.argsort(site.rack_job[running], kind="stable")
+        self.job_racks = np.flatnonzero(running)[order]
+        counts = np.bincount(site.rack_job[self.job_racks], minlength=site.n_jobs)
+        self.job_starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        # Placement gives every job at least one running rack, so no reduceat segment is empty.
+        self.job_first_rack = self.job_racks[self.job_starts] if site.n_jobs else self.job_starts
+
+        # Telemetry ring buffer of rack grid-side power, one row per tick.
+        tel = sc.telemetry
+        self.window_ticks = max(1, round(tel.window_s / self.dt))
+        self.delay_ticks = round(tel.delay_s / self.dt)
+        self.ring = np.zeros((self.window_ticks + self.delay_ticks, site.n_racks))
+        self.ring_grid = np.zeros(self.window_ticks + self.delay_ticks)
+        self.rack_last_ok_s = np.zeros(site.n_racks)
+
+        n_rec = min(sc.engine.record_racks, site.n_racks)
+        self.rec_racks = np.unique(np.linspace(0, site.n_racks - 1, n_rec).round().astype(np.int64))
+        self.rec_domains = _record_domain_index(site, self.rec_racks)
+
+    # -- control -------------------------------------------------------------------------------------------------
+
+    def observe(self, t_s: float, k: int, freq_hz: float) -> Observation:
+        site, tel = self.site, self.sc.telemetry
+        rows = self.ring.shape[0]
+        # Rows written at ticks k-delay-window+1 .. k-delay (ring index = tick % rows).
+        idx = (np.arange(k - self.delay_ticks - self.window_ticks + 1, k - self.delay_ticks + 1)) % rows
+        rack_w = self.ring[idx].mean(axis=0)
+        grid_w = float(self.ring_grid[idx].mean())
+        domain_w = site.domain_load_w(rack_w)
+        if tel.noise_frac > 0:
+            rack_w = rack_w * (1 + tel.noise_frac * self.rng_telemetry.standard_normal(site.n_racks))
+            domain_w = domain_w * (1 + tel.noise_frac * self.rng_telemetry.standard_normal(site.n_domains))
+        rack_w = rack_w.copy()
+        if tel.dropout_prob > 0:
+            lost = self.rng_telemetry.random(site.n_racks) < tel.dropout_prob
+            rack_w[lost] = np.nan
+            self.rack_last_ok_s[~lost] = t_s
+        else:
+            self.rack_last_ok_s[:] = t_s
+        age = t_s - self.rack_last_ok_s + tel.delay_s
+        return Observation(
+            t_s=t_s,
+            rack_power_w=rack_w,
+            rack_age_s=age,
+            rack_cap_w=self.gpus.cap_w.copy(),
+            rack_floor_w=self.gpus.floor_w.copy(),
+            rack_bbu_soc_frac=self.bbus.soc_frac.copy(),
+            rack_energized=self.breakers.rack_energized(),
+            domain_power_w=domain_w,
+            domain_age_s=np.full(site.n_domains, tel.delay_s),
+            domain_limit_w=self.breakers.rating_w.copy(),
+            domain_thermal_frac=self.breakers.thermal_frac(),
+            pcc_power_w=grid_w,
+            pcc_age_s=tel.delay_s,
+            pcc_limit_w=self.pcc.at(t_s),
+            ramp_limit_w_per_min=site.ramp_limit_w_per_min,
+            grid_freq_hz=freq_hz,
+            bess_soc_frac=self.bess.soc_frac if self.bess.online else math.nan,
+            bess_power_w=self.bess.power_w,
+            bess_online=self.bess.online,
+            job_running=self.workload.job_running(),
+        )
+
+    def apply(self, t_s: float, act: Actions) -> None:
+        self.gpus.command(t_s, act.rack_cap_w, act.rack_floor_w, act.gpu_ramp_up_w_per_s, act.gpu_ramp_down_w_per_s)
+        self.bbu_threshold_w = act.rack_bbu_threshold_w
+        self.bbu_recharge_w = act.rack_bbu_recharge_w
+        self.bess_setpoint_w = act.bess_setpoint_w
+        self.job_suspend = act.job_suspend
+
+    # -- the loop ------------------------------------------------------------------------------------------------
+
+    def run(self, progress: Callable[[float], None] | None = None) -> SimResult:
+        site, sc, dt = self.site, self.sc, self.dt
+        n, tpp = self.n_ticks, self.ticks_per_period
+        n_periods = (n + tpp - 1) // tpp
+        n_jobs = site.n_jobs
+
+        tick = {key: np.zeros(n) for key in TICK_SERIES}
+        rec_d, rec_r = self.rec_domains, self.rec_racks
+        period = {
+            "domain_w": np.zeros((n_periods, rec_d.size)),
+            "domain_thermal_frac": np.zeros((n_periods, rec_d.size)),
+            "domain_limit_w": np.zeros((n_periods, rec_d.size)),
+            "job_cap_w": np.zeros((n_periods, n_jobs)),
+            "job_floor_w": np.zeros((n_periods, n_jobs)),
+            "job_speed_frac": np.zeros((n_periods, n_jobs)),
+            "job_state": np.zeros((n_periods, n_jobs)),
+            "rack_w": np.zeros((n_periods, rec_r.size)),
+            "rack_cap_w": np.zeros((n_periods, rec_r.size)),
+            "bbu_soc_min_frac": np.zeros(n_periods),
+            "bbu_soc_mean_frac": np.zeros(n_periods),
+        }
+        period_t = np.zeros(n_periods)
+        step_ms = np.full(n_periods, np.nan)  # the first period runs hands-off: no telemetry yet
+
+        self.apply(0.0, Actions.hands_off(site))
+        pending: deque[tuple[float, Actions]] = deque()
+        latency = sc.engine.actuation_latency_s
+        events = sorted(sc.events, key=lambda e: e.at_s)
+        ev_i = 0
+        replays: list[FrequencyReplay] = []
+        ext_load_w = 0.0
+        events_log: list[tuple[float, str]] = []
+
+        freq_model: FrequencyModel | None = None
+        freq_hz = sc.grid.nominal_hz
+        job_speed = np.ones(n_jobs)
+        rack_ones = np.ones(site.n_racks, dtype=bool)
+        energized = rack_ones
+        domain_w_acc = np.zeros(site.n_domains)
+        rows = self.ring.shape[0]
+        gain, fixed = self.rack_gain, self.rack_fixed
+        active_over_eff = site.rack_active_gpus / site.rectifier_eff
+        wall0 = time.perf_counter()
+        last_progress = wall0
+
+        for k in range(n):
+            t = k * dt
+            # timed events
+            while ev_i < len(events) and events[ev_i].at_s <= t + 1e-9:
+                ev = events[ev_i]
+                ev_i += 1
+                events_log.append((t, ev.kind))
+                if isinstance(ev, JobEvent):
+                    mask = job_mask(site, ev)
+                    if ev.kind == "crash":
+                        self.workload.interrupt(mask, "failure")
+                    elif ev.kind == "start":
+                        self.workload.start(mask)
+                    else:
+                        self.workload.stop(mask)
+                elif isinstance(ev, DerateEvent):
+                    dmask = np.zeros(site.n_domains, dtype=bool)
+                    dmask[site.domain_index(ev.domain)] = True
+                    self.breakers.derate(dmask, ev.factor)
+                elif isinstance(ev, FrequencyReplayEvent):
+                    ft, fhz = load_frequency_csv(
+                        self.loaded.resolve(ev.path), self.loaded.source, f"events[{ev_i - 1}].path"
+                    )
+                    replays.append(FrequencyReplay(ft, fhz, ev.at_s))
+                elif isinstance(ev, FrequencyStepEvent):
+                    ext_load_w += ev.load_mw * 1e6
+                elif isinstance(ev, CurtailEvent):
+                    pass  # the PCC schedule already holds it
+
+            # control
+            if k % tpp == 0 and k > 0:
+                p = k // tpp
+                obs = self.observe(t, k - 1, freq_hz)
+                t0 = time.perf_counter()
+                act = self.ctrl.step(obs)
+                step_ms[p] = (time.perf_counter() - t0) * 1e3
+                if latency > 0:
+                    pending.append((t + latency, act))
+                else:
+                    self.apply(t, act)
+            while pending and pending[0][0] <= t + 1e-9:
+                self.apply(t, pending.popleft()[1])
+
+            # plant
+            self.workload.advance(dt, job_speed, self.job_suspend, energized)
+            demand = self.workload.rack_demand_w()
+            draw = self.gpus.step(t, dt, demand, energized)
+            rack_w = gain * draw + fixed
+            rack_w *= energized
+            tray_w = self.trays.step(dt, rack_w, energized)
+            grid_rack_w = self.bbus.step(dt, tray_w, self.bbu_threshold_w, self.bbu_recharge_w, energized)
+            domain_w = site.domain_load_w(grid_rack_w)
+            tripped = self.breakers.step(t, dt, domain_w)
+            if tripped.any() or not energized.all():
+                energized = self.breakers.rack_energized()
+            bess_w = self.bess.step(dt, self.bess_setpoint_w)
+            campus_w = float(domain_w[0])
+            grid_w = campus_w - bess_w
+            if freq_model is None:
+                freq_model = FrequencyModel(sc.grid, grid_w, dt)
+            extra = sum(r.dev_hz(t) for r in replays) if replays else 0.0
+            freq_hz = freq_model.step(grid_w + ext_load_w, extra)
+
+            # throughput of each job: its slowest running rack
+            if self.job_racks.size:
+                rack_speed = self.gpus.rack_speed_frac(self.workload.rack_peak_w())
+                job_speed = np.minimum.reduceat(rack_speed[self.job_racks], self.job_starts)
+
+            # telemetry and recording
+            self.ring[k % rows] = grid_rack_w
+            self.ring_grid[k % rows] = grid_w
+            domain_w_acc += domain_w
+            tick["demand_w"][k] = float(gain @ (demand * energized)) + float(fixed @ energized)
+            tick["load_w"][k] = rack_w.sum()
+            tick["campus_w"][k] = campus_w
+            tick["bess_w"][k] = bess_w
+            tick["grid_w"][k] = grid_w
+            tick["pcc_limit_w"][k] = self.pcc.at(t) if self.pcc.ramps else self.pcc.base_w
+            tick["freq_hz"][k] = freq_hz
+            tick["bess_soc_frac"][k] = self.bess.soc_frac
+            burn = np.maximum(draw - np.minimum(demand, self.gpus.cap_w), 0.0)
+            tick["floor_burn_w"][k] = float(active_over_eff @ burn)
+
+            if (k + 1) % tpp == 0 or k == n - 1:
+                p = k // tpp
+                cnt = (k % tpp) + 1
+                period_t[p] = (p * tpp) * dt
+                period["domain_w"][p] = domain_w_acc[rec_d] / cnt
+                domain_w_acc[:] = 0.0
+                period["domain_thermal_frac"][p] = self.breakers.thermal_frac()[rec_d]
+                period["domain_limit_w"][p] = self.breakers.rating_w[rec_d]
+                if n_jobs:
+                    first = self.job_first_rack
+                    period["job_cap_w"][p] = self.gpus.cap_w[first]
+                    period["job_floor_w"][p] = self.gpus.floor_w[first]
+                    period["job_speed_frac"][p] = job_speed
+                    period["job_state"][p] = self.workload.job_state
+                period["rack_w"][p] = grid_rack_w[rec_r]
+                period["rack_cap_w"][p] = self.gpus.cap_w[rec_r]
+                period["bbu_soc_min_frac"][p] = self.bbus.soc_frac.min() if site.n_racks else np.nan
+                period["bbu_soc_mean_frac"][p] = self.bbus.soc_frac.mean() if site.n_racks else np.nan
+                if progress is not None:
+                    now = time.perf_counter()
+                    if now - last_progress > 0.5:
+                        progress((k + 1) / n)
+                        last_progress = now
+
+        wall = time.perf_counter() - wall0
+        if progress is not None:
+            progress(1.0)
+        storage = {
+            "bess_energy_in_j": float(np.sum(self.bess.energy_in_j)),
+            "bess_energy_out_j": float(np.sum(self.bess.energy_out_j)),
+            "bess_loss_j": float(np.sum(self.bess.loss_j)),
+            "bess_equivalent_cycles": float(np.sum(self.bess.equivalent_cycles())),
+            "bbu_energy_in_j": float(np.sum(self.bbus.energy_in_j)),
+            "bbu_energy_out_j": float(np.sum(self.bbus.energy_out_j)),
+            "bbu_loss_j": float(np.sum(self.bbus.loss_j)),
+            "tray_energy_in_j": float(np.sum(self.trays.energy_in_j)),
+            "tray_energy_out_j": float(np.sum(self.trays.energy_out_j)),
+        }
+        trips = [(float(ts), site.domain_name[d]) for ts, d in self.breakers.trip_log]
+        return SimResult(
+            scenario=sc.name,
+            controller=self.ctrl.name,
+            seed=self.seed,
+            site=site,
+            tick_s=dt,
+            duration_s=n * dt,
+            t_s=np.arange(n, dtype=np.float64) * dt,
+            tick=tick,
+            period_t_s=period_t,
+            period=period,
+            recorded_domains=rec_d,
+            recorded_racks=rec_r,
+            trips=trips,
+            accounting=self.workload.accounting(),
+            storage=storage,
+            step_ms=step_ms,
+            wall_s=wall,
+            band_hz=(sc.metrics.band_lo_hz, sc.metrics.band_hi_hz),
+            nominal_hz=sc.grid.nominal_hz,
+            events_log=events_log,
+        )

@@ -1,0 +1,117 @@
+"""The way out: the summary.json contract, computed from a SimResult.
+
+Every key is defined in docs/models.md ("Metrics"); a key may be added, never renamed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from gridsim.engine import SimResult
+from gridsim.plant.grid import (
+    band_rms_w,
+    effective_band_hz,
+    max_freq_dev_hz,
+    max_rocof_hz_per_s,
+    overlimit_s,
+    ramp_violation_s,
+    ramp_w_per_min,
+)
+
+SUMMARY_KEYS = (
+    "scenario",
+    "controller",
+    "seed",
+    "duration_s",
+    "gpus",
+    "racks",
+    "breaker_trips",
+    "pcc_overlimit_s",
+    "ramp_violation_s",
+    "max_ramp_mw_per_min",
+    "band_hz",
+    "band_rms_mw",
+    "demand_band_rms_mw",
+    "peak_grid_mw",
+    "grid_energy_mwh",
+    "demand_energy_mwh",
+    "energy_overhead_pct",
+    "goodput_pct",
+    "goodput_loss_power_pct",
+    "min_bess_soc_frac",
+    "min_bbu_soc_frac",
+    "bess_equivalent_cycles",
+    "max_freq_dev_hz",
+    "max_rocof_hz_per_s",
+    "controller_step_ms_p50",
+    "controller_step_ms_p99",
+    "sim_speed_x_realtime",
+)
+
+J_PER_MWH = 3.6e9
+POWER_LOSSES = ("cap", "suspend", "trip")
+
+
+def _finite(x: float) -> float | None:
+    """JSON has no NaN or inf: an undefined metric is null."""
+    return float(x) if math.isfinite(x) else None
+
+
+def summarize(res: SimResult) -> dict[str, Any]:
+    site, dt = res.site, res.tick_s
+    grid = res.tick["grid_w"]
+    demand = res.tick["demand_w"]
+    window = site.ramp_window_s
+    ramps = ramp_w_per_min(grid, dt, window)
+    lo, hi = effective_band_hz(dt, *res.band_hz)
+
+    acc = res.accounting
+    allocated = float(acc["allocated"].sum()) if acc["allocated"].size else 0.0
+    useful = float(acc["useful"].sum()) if acc["useful"].size else 0.0
+    # clamp the rounding residue of the accounting (~1e-8 GPU-s) so a loss never reads as -0.0 %
+    power_lost = max(sum(float(acc[k].sum()) for k in POWER_LOSSES), 0.0)
+    demand_j = float(demand.sum()) * dt
+    grid_j = float(grid.sum()) * dt
+    overhead_j = float(res.tick["floor_burn_w"].sum()) * dt + res.storage["bess_loss_j"] + res.storage["bbu_loss_j"]
+
+    freq = res.tick["freq_hz"]
+    steps = res.step_ms[np.isfinite(res.step_ms)]
+    bess_soc = res.tick["bess_soc_frac"]
+    bbu_soc = res.period["bbu_soc_min_frac"]
+
+    summary: dict[str, Any] = {
+        "scenario": res.scenario,
+        "controller": res.controller,
+        "seed": res.seed,
+        "duration_s": res.duration_s,
+        "gpus": site.n_gpus,
+        "racks": site.n_racks,
+        "breaker_trips": len(res.trips),
+        "pcc_overlimit_s": overlimit_s(grid, dt, res.tick["pcc_limit_w"]),
+        "ramp_violation_s": ramp_violation_s(grid, dt, window, site.ramp_limit_w_per_min),
+        "max_ramp_mw_per_min": float(np.max(np.abs(ramps))) / 1e6 if ramps.size else 0.0,
+        "band_hz": [lo, hi],
+        "band_rms_mw": band_rms_w(grid, dt, lo, hi) / 1e6,
+        "demand_band_rms_mw": band_rms_w(demand, dt, lo, hi) / 1e6,
+        "peak_grid_mw": float(grid.max()) / 1e6,
+        "grid_energy_mwh": grid_j / J_PER_MWH,
+        "demand_energy_mwh": demand_j / J_PER_MWH,
+        "energy_overhead_pct": 100.0 * overhead_j / demand_j if demand_j > 0 else 0.0,
+        "goodput_pct": 100.0 * useful / allocated if allocated > 0 else 100.0,
+        "goodput_loss_power_pct": 100.0 * power_lost / allocated if allocated > 0 else 0.0,
+        "min_bess_soc_frac": _finite(float(bess_soc.min())) if site.bess.energy_j > 0 else None,
+        "min_bbu_soc_frac": _finite(float(np.nanmin(bbu_soc))) if bbu_soc.size else None,
+        "bess_equivalent_cycles": res.storage["bess_equivalent_cycles"],
+        "max_freq_dev_hz": max_freq_dev_hz(freq, res.nominal_hz),
+        "max_rocof_hz_per_s": max_rocof_hz_per_s(freq, dt),
+        "controller_step_ms_p50": float(np.percentile(steps, 50)) if steps.size else 0.0,
+        "controller_step_ms_p99": float(np.percentile(steps, 99)) if steps.size else 0.0,
+        "sim_speed_x_realtime": res.duration_s / res.wall_s if res.wall_s > 0 else math.inf,
+    }
+    summary["sim_speed_x_realtime"] = _finite(summary["sim_speed_x_realtime"])
+    assert tuple(summary) == SUMMARY_KEYS
+    res.summary = summary
+    return summary

@@ -1,0 +1,351 @@
+"""The grid side: a single-area frequency model, a measured-frequency replay, and the metrics on grid import.
+
+Frequency (Kundur, *Power System Stability and Control*, single-area load-frequency model; per unit on the
+system base, Δf in pu of nominal):
+
+    2H · dΔf/dt = ΔPm − ΔPL − D·Δf
+    Tg · dPv/dt = −Δf/R − Pv            governor
+    Tt · dPm/dt = Pv − Pm               turbine
+    ΔPL = (load_w − load0_w) / system_base_w
+
+Closed forms for a step ΔPL from rest: initial RoCoF = −ΔPL/(2H) pu/s; steady state Δf = −ΔPL/(D + 1/R) pu.
+The linear system is discretised exactly for inputs held constant over a tick (zero-order hold):
+Ad = expm(A·dt), Bd = ∫₀^dt expm(A·s) ds · B, both from one expm of the augmented matrix [[A, B], [0, 0]]·dt.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import Field, model_validator
+from scipy.linalg import expm
+from scipy.signal import butter, sosfiltfilt
+
+from dimmer.errors import InputError
+from dimmer.siteconfig import Strict
+
+FloatArray = npt.NDArray[np.float64]
+
+
+class FrequencySpec(Strict):
+    """The synchronous area the campus sits in (textbook single-area model).
+
+    Typical ranges (Kundur, MODELS.md): H 2-9 s, R 0.05, D 0.8-2 pu, Tg ≈ 0.2 s, Tt ≈ 0.5 s. The bounds
+    below only reject nonsense; the validator also rejects parameter sets whose closed loop is unstable.
+    """
+
+    nominal_hz: float = Field(default=50.0, gt=0)
+    # *assumption*: committed generation of the synchronous area the campus sits in (a what-if knob:
+    # a 150 MW campus on a 10 GW base is 1.5 % of the system)
+    system_base_mw: float = Field(default=10_000.0, gt=0)
+    inertia_h_s: float = Field(default=5.0, gt=0, le=30)  # textbook 2-9 s
+    droop_r_pu: float = Field(default=0.05, gt=0, le=1)  # 5 % droop
+    damping_d_pu: float = Field(default=1.0, ge=0, le=10)  # textbook 0.8-2
+    governor_tg_s: float = Field(default=0.2, gt=0, le=60)
+    turbine_tt_s: float = Field(default=0.5, gt=0, le=60)
+
+    @model_validator(mode="after")
+    def _stable(self) -> FrequencySpec:
+        a, _ = state_matrices(self)
+        if float(np.max(np.linalg.eigvals(a).real)) >= 0.0:
+            raise ValueError(
+                "these H, R, D, Tg, Tt make the single-area frequency loop unstable "
+                "(raise inertia_h_s or droop_r_pu, or shorten governor_tg_s / turbine_tt_s)"
+            )
+        return self
+
+
+def state_matrices(spec: FrequencySpec) -> tuple[FloatArray, FloatArray]:
+    """(A, B) of x' = A x + B ΔPL with x = (Δf, Pv, Pm) in pu."""
+    two_h = 2.0 * spec.inertia_h_s
+    tg, tt = spec.governor_tg_s, spec.turbine_tt_s
+    a = np.array(
+        [
+            [-spec.damping_d_pu / two_h, 0.0, 1.0 / two_h],
+            [-1.0 / (spec.droop_r_pu * tg), -1.0 / tg, 0.0],
+            [0.0, 1.0 / tt, -1.0 / tt],
+        ]
+    )
+    b = np.array([-1.0 / two_h, 0.0, 0.0])
+    return a, b
+
+
+def discretise(spec: FrequencySpec, dt_s: float) -> tuple[FloatArray, FloatArray]:
+    """Exact zero-order-hold (Ad, Bd) for a step of `dt_s`."""
+    a, b = state_matrices(spec)
+    m = np.zeros((4, 4))
+    m[:3, :3] = a * dt_s
+    m[:3, 3] = b * dt_s
+    e = expm(m)
+    return e[:3, :3].copy(), e[:3, 3].copy()
+
+
+def steady_state_dev_hz(spec: FrequencySpec, delta_load_w: float) -> float:
+    """Closed form: the settled deviation after a load step, −ΔPL/(D + 1/R) pu, in Hz."""
+    dpl = delta_load_w / (spec.system_base_mw * 1e6)
+    return -dpl / (spec.damping_d_pu + 1.0 / spec.droop_r_pu) * spec.nominal_hz
+
+
+def initial_rocof_hz_per_s(spec: FrequencySpec, delta_load_w: float) -> float:
+    """Closed form: the RoCoF just after a load step from rest, −ΔPL/(2H) pu/s, in Hz/s."""
+    dpl = delta_load_w / (spec.system_base_mw * 1e6)
+    return -dpl / (2.0 * spec.inertia_h_s) * spec.nominal_hz
+
+
+class FrequencyModel:
+    """The area's frequency as the campus load moves it, stepped at a fixed `dt_s` (3x3 mat-vec a tick)."""
+
+    def __init__(self, spec: FrequencySpec, load0_w: float, dt_s: float) -> None:
+        if not dt_s > 0:
+            raise ValueError("dt_s must be > 0")
+        self.spec = spec
+        self.dt_s = float(dt_s)
+        self.nominal_hz = float(spec.nominal_hz)
+        self.load0_w = float(load0_w)
+        self._inv_base_w = 1.0 / (spec.system_base_mw * 1e6)
+        ad, bd = discretise(spec, self.dt_s)
+        self.ad: FloatArray = ad
+        self.bd: FloatArray = bd
+        # plain floats: a 3x3 mat-vec in Python arithmetic beats numpy's call overhead at this size
+        (
+            (self._a00, self._a01, self._a02),
+            (self._a10, self._a11, self._a12),
+            (self._a20, self._a21, self._a22),
+        ) = ad.tolist()
+        self._b0, self._b1, self._b2 = bd.tolist()
+        self.reset()
+
+    def reset(self, load0_w: float | None = None) -> None:
+        """Back to rest (nominal frequency, governor and turbine at their set points)."""
+        if load0_w is not None:
+            self.load0_w = float(load0_w)
+        self._x0 = self._x1 = self._x2 = 0.0
+        self.model_dev_hz = 0.0  # the modelled part of the deviation
+        self.dev_hz = 0.0  # modelled + replayed external deviation, as of the last step
+        self.rocof_hz_per_s = 0.0  # (dev now − dev a step ago) / dt
+
+    @property
+    def state_pu(self) -> tuple[float, float, float]:
+        """(Δf, Pv, Pm) in pu."""
+        return self._x0, self._x1, self._x2
+
+    @property
+    def freq_hz(self) -> float:
+        return self.nominal_hz + self.dev_hz
+
+    def step(self, load_w: float, extra_dev_hz: float = 0.0) -> float:
+        """Advance one tick with `load_w` held over it; returns the frequency in Hz at the end of the tick.
+
+        `extra_dev_hz` is added on top of the modelled deviation (a replayed measured event, FrequencyReplay).
+        """
+        u = (float(load_w) - self.load0_w) * self._inv_base_w
+        x0, x1, x2 = self._x0, self._x1, self._x2
+        self._x0 = self._a00 * x0 + self._a01 * x1 + self._a02 * x2 + self._b0 * u
+        self._x1 = self._a10 * x0 + self._a11 * x1 + self._a12 * x2 + self._b1 * u
+        self._x2 = self._a20 * x0 + self._a21 * x1 + self._a22 * x2 + self._b2 * u
+        self.model_dev_hz = self._x0 * self.nominal_hz
+        dev = self.model_dev_hz + extra_dev_hz
+        self.rocof_hz_per_s = (dev - self.dev_hz) / self.dt_s
+        self.dev_hz = dev
+        return self.nominal_hz + dev
+
+
+# ---- measured frequency ---------------------------------------------------------------------------------
+_CSV_HEADER = ["index", "frequency_hz"]
+
+
+def load_frequency_csv(path: str | Path, source: str, key: str, sample_s: float = 1.0) -> tuple[FloatArray, FloatArray]:
+    """Read a NESO-style `index,frequency_hz` file (a sample every `sample_s`, CRLF or LF): (t_s, freq_hz).
+
+    t_s = index x sample_s. Raises InputError naming `source` (the file that referred to it), `key` (the key
+    that holds the path) and the CSV's path for a missing file, a wrong header, a malformed row, an index
+    that does not increase, a frequency that is not a positive finite number, or fewer than two samples.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(source, key, f"a readable frequency CSV (cannot read {p}: {exc.__class__.__name__})") from None
+    lines = text.splitlines()
+    if not lines or [c.strip().lower() for c in lines[0].split(",")] != _CSV_HEADER:
+        got = lines[0][:60] if lines else ""
+        raise InputError(source, key, f"{p}: a CSV with the header 'index,frequency_hz' (got {got!r})")
+    idx: list[float] = []
+    freq: list[float] = []
+    for n, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        parts = line.split(",")
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            i, f = float(parts[0]), float(parts[1])
+        except ValueError:
+            raise InputError(
+                source, key, f"{p} line {n}: two numbers 'index,frequency_hz' (got {line[:60]!r})"
+            ) from None
+        if not (math.isfinite(f) and f > 0 and math.isfinite(i)):
+            raise InputError(source, key, f"{p} line {n}: a positive finite frequency in Hz (got {line[:60]!r})")
+        if idx and i <= idx[-1]:
+            raise InputError(source, key, f"{p} line {n}: an index above the previous one ({idx[-1]:g}), got {i:g}")
+        idx.append(i)
+        freq.append(f)
+    if len(idx) < 2:
+        raise InputError(source, key, f"{p}: at least two samples (got {len(idx)})")
+    return np.asarray(idx) * sample_s, np.asarray(freq)
+
+
+class FrequencyReplay:
+    """A measured trajectory replayed as an external deviation: dev(t) = f(t − start) − f(first sample).
+
+    Linear between samples, 0 before `start_s` and after the last sample.
+    """
+
+    def __init__(self, t_s: FloatArray, freq_hz: FloatArray, start_s: float) -> None:
+        t = np.asarray(t_s, dtype=np.float64)
+        f = np.asarray(freq_hz, dtype=np.float64)
+        if t.ndim != 1 or t.shape != f.shape or t.size < 2 or not bool(np.all(np.diff(t) > 0)):
+            raise ValueError("t_s and freq_hz must be 1-D of equal length >= 2 with t_s increasing")
+        self.start_s = float(start_s)
+        rel = t - t[0]
+        dev = f - f[0]
+        self._rel: FloatArray = rel
+        self._dev: FloatArray = dev
+        self._rel_list: list[float] = rel.tolist()
+        self._dev_list: list[float] = dev.tolist()
+        self.duration_s = float(rel[-1])
+
+    def dev_hz(self, t_s: float) -> float:
+        x = t_s - self.start_s
+        if x < 0.0 or x > self.duration_s:
+            return 0.0
+        rel, dev = self._rel_list, self._dev_list
+        i = bisect_right(rel, x) - 1
+        if i >= len(rel) - 1:
+            return dev[-1]
+        t0 = rel[i]
+        return dev[i] + (x - t0) / (rel[i + 1] - t0) * (dev[i + 1] - dev[i])
+
+    def dev_hz_array(self, t_s: FloatArray) -> FloatArray:
+        """dev_hz over an array of times (vectorised)."""
+        out: FloatArray = np.interp(np.asarray(t_s, dtype=np.float64) - self.start_s, self._rel, self._dev, 0.0, 0.0)
+        return out
+
+
+# ---- metrics over recorded series -----------------------------------------------------------------------
+# Violation tolerance: a sample counts only when it exceeds the limit by more than 1 ppm of the limit, so a
+# controller holding exactly at a limit is not charged for floating-point rounding.
+TOL_FRAC = 1e-6
+BAND_FILTER_ORDER = 4  # Butterworth order of the band-pass; applied forward and backward (zero phase)
+EDGE_PERIODS = 2.0  # band_rms_w leaves out this many periods of the lower band edge at each end
+
+
+def _lag(dt_s: float, window_s: float) -> int:
+    if not (dt_s > 0 and window_s > 0):
+        raise ValueError("dt_s and window_s must be > 0")
+    return max(1, round(window_s / dt_s))
+
+
+def ramp_w_per_min(p_w: FloatArray, dt_s: float, window_s: float) -> FloatArray:
+    """The utility's ramp: change of the window-average power from one window to the next, per minute.
+
+    ramp(t) = (m(t) - m(t - W)) / W x 60 with m the trailing mean over W = round(window_s / dt_s) samples, defined
+    once two whole windows exist and 0 before (a run's first 2W are not measured: put transients after them).
+    Averaging over the window is what separates a ramp (a change of the level) from an oscillation around it, which
+    the band RMS measures; a step of dP shows as a peak ramp of dP / W.
+    """
+    p = np.asarray(p_w, dtype=np.float64)
+    n = _lag(dt_s, window_s)
+    out = np.zeros(p.shape[0])
+    if p.shape[0] < 2 * n:
+        return out
+    csum = np.concatenate([[0.0], np.cumsum(p - p[0])])
+    ends = np.arange(2 * n, p.shape[0] + 1)  # csum index one past the window's last sample
+    mean_now = (csum[ends] - csum[ends - n]) / n
+    mean_before = (csum[ends - n] - csum[ends - 2 * n]) / n
+    out[2 * n - 1 :] = (mean_now - mean_before) * (60.0 / (n * dt_s))
+    return out
+
+
+def ramp_violation_s(
+    p_w: FloatArray, dt_s: float, window_s: float, limit_w_per_min: float, tol_frac: float = TOL_FRAC
+) -> float:
+    """Seconds (samples x dt) with |ramp over the window| > limit x (1 + tol_frac)."""
+    if math.isinf(limit_w_per_min):
+        return 0.0
+    ramp = ramp_w_per_min(p_w, dt_s, window_s)
+    return float(np.count_nonzero(np.abs(ramp) > limit_w_per_min * (1.0 + tol_frac))) * dt_s
+
+
+def overlimit_s(p_w: FloatArray, dt_s: float, limit_w: float | FloatArray, tol_frac: float = TOL_FRAC) -> float:
+    """Seconds (samples x dt) with p > limit x (1 + tol_frac); `limit_w` a scalar or a series like `p_w`."""
+    p = np.asarray(p_w, dtype=np.float64)
+    lim = np.asarray(limit_w, dtype=np.float64)
+    return float(np.count_nonzero(p > lim * (1.0 + tol_frac))) * dt_s
+
+
+def effective_band_hz(dt_s: float, lo_hz: float = 0.1, hi_hz: float = 20.0) -> tuple[float, float]:
+    """The band band_rms_w measures at this sampling: edges clipped to Nyquist (1 / (2 dt))."""
+    nyq = 0.5 / dt_s
+    return min(lo_hz, nyq), min(hi_hz, nyq)
+
+
+def band_rms_w(p_w: FloatArray, dt_s: float, lo_hz: float = 0.1, hi_hz: float = 20.0) -> float:
+    """RMS of `p_w` after a zero-phase Butterworth band-pass [lo_hz, hi_hz].
+
+    Order 4, run forward and backward (sosfiltfilt): magnitude response squared, −6 dB at the edges. The
+    series cannot hold anything above Nyquist (1 / (2 dt): 5 Hz at dt 0.1 s), so when hi_hz ≥ Nyquist the
+    upper edge is dropped and the filter is a high-pass at lo_hz (everything the series can show above
+    lo_hz). The filter's edge transients (the padding cannot continue out-of-band content smoothly) decay
+    with the slowest edge, so the first and last EDGE_PERIODS / lo_hz seconds (20 s at 0.1 Hz; 1/hi_hz
+    periods for a low-pass) are filtered but left out of the mean.
+
+    Returns 0.0 when the band cannot be measured: lo_hz at or above Nyquist, or a series shorter than the two
+    edges plus one period of the lower edge (5 / lo_hz seconds: 50 s at 0.1 Hz). 0.0 then means "not
+    measurable", not "measured zero".
+    """
+    if not (dt_s > 0 and hi_hz > lo_hz >= 0):
+        raise ValueError("need dt_s > 0 and 0 <= lo_hz < hi_hz")
+    p = np.asarray(p_w, dtype=np.float64)
+    fs = 1.0 / dt_s
+    nyq = 0.5 * fs
+    if lo_hz >= nyq or p.size == 0:
+        return 0.0
+    x = p - p.mean()
+    if lo_hz == 0.0 and hi_hz >= nyq:
+        return float(np.sqrt(np.mean(np.square(x))))
+    slow_hz = lo_hz if lo_hz > 0.0 else hi_hz
+    edge = math.ceil(EDGE_PERIODS / (slow_hz * dt_s))
+    period = math.ceil(1.0 / (slow_hz * dt_s))
+    if lo_hz == 0.0:
+        sos = butter(BAND_FILTER_ORDER, hi_hz, btype="lowpass", fs=fs, output="sos")
+    elif hi_hz >= nyq:
+        sos = butter(BAND_FILTER_ORDER, lo_hz, btype="highpass", fs=fs, output="sos")
+    else:
+        sos = butter(BAND_FILTER_ORDER, [lo_hz, hi_hz], btype="bandpass", fs=fs, output="sos")
+    if p.size < 2 * edge + max(period, 3 * (2 * sos.shape[0] + 1)):
+        return 0.0
+    y = sosfiltfilt(sos, x)[edge : p.size - edge]
+    return float(np.sqrt(np.mean(np.square(y))))
+
+
+def max_rocof_hz_per_s(f_hz: FloatArray, dt_s: float, window_s: float = 0.5) -> float:
+    """Largest |f(t) − f(t − window)| / window (RoCoF relays measure over ~0.5 s); 0 for a too-short series.
+
+    The window is rounded to whole samples, at least one (a 1 s series gives a 1 s window).
+    """
+    f = np.asarray(f_hz, dtype=np.float64)
+    n = _lag(dt_s, window_s)
+    if f.shape[0] <= n:
+        return 0.0
+    return float(np.max(np.abs(f[n:] - f[:-n]))) / (n * dt_s)
+
+
+def max_freq_dev_hz(f_hz: FloatArray, nominal_hz: float) -> float:
+    """Largest |f − nominal|; 0 for an empty series."""
+    f = np.asarray(f_hz, dtype=np.float64)
+    return float(np.max(np.abs(f - nominal_hz))) if f.size else 0.0

@@ -1,0 +1,278 @@
+"""Grid side: the single-area frequency model against its closed forms, the GB replay, the import metrics."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from dimmer.errors import InputError
+from gridsim.plant.grid import (
+    FrequencyModel,
+    FrequencyReplay,
+    FrequencySpec,
+    band_rms_w,
+    effective_band_hz,
+    load_frequency_csv,
+    max_freq_dev_hz,
+    max_rocof_hz_per_s,
+    overlimit_s,
+    ramp_violation_s,
+    ramp_w_per_min,
+)
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+GB_FILE = DATA / "gridfreq_gb_neso_1s_2019-08-09_event.csv"
+
+
+def _gb_file() -> Path:
+    if not GB_FILE.is_file():
+        pytest.skip(f"measured data {GB_FILE} is absent")
+    return GB_FILE
+
+
+# ---- frequency model ---------------------------------------------------------------------------------------
+SPECS = [
+    FrequencySpec(),
+    FrequencySpec(nominal_hz=60.0, system_base_mw=2_000.0, inertia_h_s=3.0, damping_d_pu=2.0),
+    FrequencySpec(inertia_h_s=9.0, droop_r_pu=0.04, damping_d_pu=0.8, governor_tg_s=0.3, turbine_tt_s=0.6),
+]
+
+
+@pytest.mark.parametrize(("spec", "dt_s"), [(s, dt) for s in SPECS for dt in (0.001, 0.01)] + [(FrequencySpec(), 0.1)])
+def test_initial_rocof_closed_form(spec: FrequencySpec, dt_s: float) -> None:
+    # rocof_hz_per_s is the mean over the last tick: right after a step it reads low by ~D·dt/(4H)
+    # (0.5 % at dt 0.1 s with the defaults, 1.7 % with H 3 s, D 2): the coarse tick is checked on the defaults
+    step_w = 150e6
+    m = FrequencyModel(spec, load0_w=400e6, dt_s=dt_s)
+    m.step(400e6 + step_w)
+    dpl = step_w / (spec.system_base_mw * 1e6)
+    expected = -dpl / (2.0 * spec.inertia_h_s) * spec.nominal_hz  # −ΔPL/(2H) pu/s, in Hz/s
+    assert m.rocof_hz_per_s == pytest.approx(expected, rel=0.01)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_steady_state_closed_form(spec: FrequencySpec) -> None:
+    step_w = -80e6
+    m = FrequencyModel(spec, load0_w=200e6, dt_s=0.1)
+    for _ in range(3000):  # 300 s
+        f = m.step(200e6 + step_w)
+    dpl = step_w / (spec.system_base_mw * 1e6)
+    expected = -dpl / (spec.damping_d_pu + 1.0 / spec.droop_r_pu) * spec.nominal_hz
+    assert f - spec.nominal_hz == pytest.approx(expected, rel=0.01)
+    assert m.dev_hz == pytest.approx(expected, rel=0.01)
+    assert abs(m.rocof_hz_per_s) < 1e-6 * abs(expected)
+    # the governor has picked up the load: ΔPm = ΔPL − D·Δf in pu at equilibrium
+    _, pv, pm = m.state_pu
+    assert pm == pytest.approx(dpl + spec.damping_d_pu * expected / spec.nominal_hz, rel=1e-6)
+    assert pv == pytest.approx(pm, rel=1e-6)
+
+
+def test_sign_conventions() -> None:
+    spec = FrequencySpec()
+    up = FrequencyModel(spec, load0_w=100e6, dt_s=0.1)
+    down = FrequencyModel(spec, load0_w=100e6, dt_s=0.1)
+    same = FrequencyModel(spec, load0_w=100e6, dt_s=0.1)
+    f_up = [up.step(150e6) for _ in range(50)]
+    f_down = [down.step(50e6) for _ in range(50)]
+    f_same = [same.step(100e6) for _ in range(50)]
+    assert all(f < 50.0 for f in f_up)
+    assert all(f > 50.0 for f in f_down)
+    assert f_same == [50.0] * 50
+    assert up.freq_hz == f_up[-1] == 50.0 + up.dev_hz
+    # linear: the rise after a drop mirrors the fall after a rise
+    assert np.allclose(np.asarray(f_up) - 50.0, -(np.asarray(f_down) - 50.0), rtol=1e-12)
+
+
+def test_discretisation_is_exact_across_dt() -> None:
+    spec = FrequencySpec()
+    rng = np.random.default_rng(7)
+    loads = 300e6 + rng.uniform(-50e6, 50e6, size=200)  # piecewise constant over 0.1 s, 20 s in all
+    coarse = FrequencyModel(spec, load0_w=300e6, dt_s=0.1)
+    fine = FrequencyModel(spec, load0_w=300e6, dt_s=0.01)
+    f_coarse = np.array([coarse.step(p) for p in loads])
+    f_fine = np.array([fine.step(p) for p in np.repeat(loads, 10)])
+    dev_c = f_coarse - 50.0
+    dev_f = f_fine[9::10] - 50.0
+    assert np.max(np.abs(dev_c)) > 1e-3  # something happened
+    assert np.allclose(dev_c, dev_f, rtol=1e-9, atol=1e-12)
+
+
+def test_extra_deviation_sits_on_top() -> None:
+    spec = FrequencySpec()
+    a = FrequencyModel(spec, 0.0, 0.1)
+    b = FrequencyModel(spec, 0.0, 0.1)
+    for i in range(20):
+        fa = a.step(50e6)
+        fb = b.step(50e6, extra_dev_hz=-0.01 * i)
+        assert fb == pytest.approx(fa - 0.01 * i, abs=1e-12)
+        assert b.model_dev_hz == a.model_dev_hz
+    assert b.rocof_hz_per_s == pytest.approx(a.rocof_hz_per_s - 0.1, abs=1e-9)
+    b.reset()
+    assert b.state_pu == (0.0, 0.0, 0.0) and b.dev_hz == 0.0
+
+
+def test_spec_rejects_unstable_and_unknown() -> None:
+    with pytest.raises(ValidationError, match="unstable"):
+        FrequencySpec(inertia_h_s=0.5, droop_r_pu=0.01)
+    with pytest.raises(ValidationError):
+        FrequencySpec(system_base_mw=0.0)
+    with pytest.raises(ValidationError):
+        FrequencySpec(inertia_s=5.0)  # type: ignore[call-arg]
+    with pytest.raises(ValueError):
+        FrequencyModel(FrequencySpec(), 0.0, 0.0)
+
+
+# ---- measured frequency ------------------------------------------------------------------------------------
+def test_gb_file_is_read() -> None:
+    t, f = load_frequency_csv(_gb_file(), "scenario.toml", "grid.frequency.replay_csv")
+    assert t.shape == f.shape == (360,)
+    assert np.all(np.diff(t) == 1.0) and t[0] == 0.0
+    assert f.min() == pytest.approx(48.787, abs=1e-9)  # the 9 Aug 2019 nadir
+    assert t[np.argmin(f)] == 120.0
+    assert f[0] == pytest.approx(50.045)
+    # replay: a deviation from the first sample, starting at start_s, zero outside
+    rp = FrequencyReplay(t, f, start_s=1000.0)
+    assert rp.dev_hz(999.9) == 0.0 and rp.dev_hz(1000.0) == 0.0
+    assert rp.dev_hz(1120.0) == pytest.approx(48.787 - 50.045, abs=1e-9)
+    assert rp.dev_hz(1000.0 + 359.5) == 0.0
+    ts = np.arange(900.0, 1400.0, 0.1)
+    arr = rp.dev_hz_array(ts)
+    assert np.allclose(arr, [rp.dev_hz(x) for x in ts], atol=1e-12)
+    assert arr.min() == pytest.approx(48.787 - 50.045, abs=1e-9)
+    # the measured RoCoF at 1 s resolution (largest 1 s step in the file: 0.151 Hz)
+    assert max_rocof_hz_per_s(f, 1.0, 1.0) == pytest.approx(0.151, abs=1e-9)
+    assert max_freq_dev_hz(f, 50.0) == pytest.approx(50.0 - 48.787, abs=1e-9)
+
+
+def test_replay_interpolates_linearly() -> None:
+    rp = FrequencyReplay(np.array([0.0, 1.0, 3.0]), np.array([50.0, 49.0, 50.0]), start_s=10.0)
+    assert rp.dev_hz(10.5) == pytest.approx(-0.5)
+    assert rp.dev_hz(12.0) == pytest.approx(-0.5)
+    assert rp.dev_hz(13.0) == pytest.approx(0.0)
+    assert rp.duration_s == 3.0
+    with pytest.raises(ValueError):
+        FrequencyReplay(np.array([0.0, 0.0]), np.array([50.0, 50.0]), 0.0)
+
+
+def test_csv_crlf_and_lf(tmp_path: Path) -> None:
+    for nl in ("\r\n", "\n"):
+        p = tmp_path / "f.csv"
+        p.write_bytes(nl.join(["index,frequency_hz", "0,50.0", "1,49.9", "2,49.95", ""]).encode())
+        t, f = load_frequency_csv(p, "s.toml", "k")
+        assert t.tolist() == [0.0, 1.0, 2.0] and f.tolist() == [50.0, 49.9, 49.95]
+    t, _ = load_frequency_csv(p, "s.toml", "k", sample_s=0.5)
+    assert t.tolist() == [0.0, 0.5, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("text", "what"),
+    [
+        ("time,freq\n0,50\n1,50\n", "header"),
+        ("index,frequency_hz\n0,50\n1,abc\n", "line 3"),
+        ("index,frequency_hz\n0,50\n1,50,7\n", "line 3"),
+        ("index,frequency_hz\n0,50\n0,50\n", "index above"),
+        ("index,frequency_hz\n0,50\n1,-50\n", "positive finite"),
+        ("index,frequency_hz\n0,50\n1,nan\n", "positive finite"),
+        ("index,frequency_hz\n0,50\n", "at least two"),
+        ("", "header"),
+    ],
+)
+def test_malformed_csv_gives_input_error(tmp_path: Path, text: str, what: str) -> None:
+    p = tmp_path / "bad.csv"
+    p.write_text(text)
+    with pytest.raises(InputError, match=what) as exc:
+        load_frequency_csv(p, "scen.toml", "grid.frequency.replay_csv")
+    msg = str(exc.value)
+    assert msg.startswith("scen.toml: grid.frequency.replay_csv: ")
+    assert "\n" not in msg
+
+
+def test_missing_csv_gives_input_error(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"scen.toml: grid.replay: a readable frequency CSV \(cannot read"):
+        load_frequency_csv(tmp_path / "nope.csv", "scen.toml", "grid.replay")
+
+
+# ---- metrics -----------------------------------------------------------------------------------------------
+def test_ramp_metric_on_a_linear_ramp() -> None:
+    dt = 0.1
+    t = np.arange(0.0, 300.0, dt)
+    slope_w_per_s = 200e3  # 12 MW/min
+    p = 100e6 + slope_w_per_s * t
+    r = ramp_w_per_min(p, dt, 60.0)
+    n = 600
+    # Two full windows in, the difference of window means is exactly the slope.
+    assert np.allclose(r[2 * n - 1 :], slope_w_per_s * 60.0, rtol=1e-9)
+    assert np.all(r[: 2 * n - 1] == 0.0)  # not measured before two whole windows
+    over = ramp_violation_s(p, dt, 60.0, 10e6)
+    assert over == pytest.approx((t.size - 2 * n + 1) * dt)
+    assert ramp_violation_s(p, dt, 60.0, 12e6) == 0.0  # exactly at the limit: within the 1 ppm tolerance
+    assert ramp_violation_s(-p, dt, 60.0, 10e6) == pytest.approx(over)  # |ramp|: down counts too
+    assert ramp_violation_s(p, dt, 60.0, math.inf) == 0.0
+
+
+def test_ramp_metric_on_a_step_and_an_oscillation() -> None:
+    dt = 0.1
+    t = np.arange(0.0, 600.0, dt)
+    step = np.where(t >= 100.0, 30e6, 0.0)
+    r = ramp_w_per_min(step, dt, 60.0)
+    assert r.max() == pytest.approx(30e6, rel=1e-9)  # a 30 MW step peaks at 30 MW per 60 s window
+    assert t[np.argmax(r)] == pytest.approx(160.0, abs=dt)
+    # A 0.5 Hz swing of +-4 MW around a flat level is an oscillation, not a ramp.
+    swing = 4e6 * np.sign(np.sin(2 * np.pi * 0.5 * t + 0.1))
+    assert np.abs(ramp_w_per_min(swing, dt, 60.0)).max() < 0.05e6
+    assert ramp_w_per_min(step[:1199], dt, 60.0).tolist() == [0.0] * 1199
+
+
+def test_overlimit_seconds() -> None:
+    p = np.array([1.0, 2.0, 3.0, 4.0, 5.0]) * 1e6
+    assert overlimit_s(p, 0.5, 2.5e6) == 1.5
+    assert overlimit_s(p, 0.5, 5e6) == 0.0
+    assert overlimit_s(p, 1.0, np.array([0.0, 3.0, 2.0, 5.0, 4.0]) * 1e6) == 3.0
+
+
+def test_band_rms_of_sines() -> None:
+    dt = 0.01
+    t = np.arange(0.0, 120.0, dt)
+    a = 5e6
+    inside = 80e6 + a * np.sin(2 * np.pi * 1.0 * t)
+    assert band_rms_w(inside, dt, 0.1, 20.0) == pytest.approx(a / math.sqrt(2), rel=0.01)
+    below = 80e6 + a * np.sin(2 * np.pi * 0.005 * t)
+    assert band_rms_w(below, dt, 0.1, 20.0) < 0.01 * a
+    dt_fast = 0.001
+    tf = np.arange(0.0, 60.0, dt_fast)
+    above = a * np.sin(2 * np.pi * 200.0 * tf + 0.3)
+    assert band_rms_w(above, dt_fast, 0.1, 20.0) < 0.01 * a
+    assert band_rms_w(a * np.sin(2 * np.pi * 5.0 * tf), dt_fast, 0.1, 20.0) == pytest.approx(a / math.sqrt(2), rel=0.01)
+
+
+def test_band_rms_nyquist_clip_and_short_series() -> None:
+    dt = 0.1  # Nyquist 5 Hz: the 0.1-20 Hz band becomes "above 0.1 Hz"
+    assert effective_band_hz(dt) == (0.1, 5.0)
+    t = np.arange(0.0, 200.0, dt)
+    a = 1e6
+    assert band_rms_w(a * np.sin(2 * np.pi * 4.0 * t), dt) == pytest.approx(a / math.sqrt(2), rel=0.01)
+    assert band_rms_w(a * np.sin(2 * np.pi * 0.4 * t), dt, 0.1, 0.8) == pytest.approx(a / math.sqrt(2), rel=0.01)
+    assert band_rms_w(a * np.sin(2 * np.pi * 3.0 * t), dt, 0.1, 0.8) < 0.01 * a  # inter-area band only
+    assert band_rms_w(np.ones(20), dt) == 0.0  # too short to filter: 0.0 by definition
+    short = a * np.sin(2 * np.pi * 1.0 * np.arange(0.0, 49.0, dt))  # under 5 / lo_hz = 50 s: not measurable
+    assert band_rms_w(short, dt) == 0.0
+    assert band_rms_w(a * np.sin(2 * np.pi * 1.0 * np.arange(0.0, 51.0, dt)), dt) > 0.5 * a
+    assert band_rms_w(np.sin(np.arange(100.0)), 1.0, 0.6, 2.0) == 0.0  # band above Nyquist
+    assert band_rms_w(np.full(1000, 7e6), dt) == pytest.approx(0.0, abs=1e-6)  # DC is out of band
+    with pytest.raises(ValueError):
+        band_rms_w(np.zeros(100), dt, 1.0, 0.5)
+
+
+def test_max_rocof_window() -> None:
+    dt = 0.1
+    f = 50.0 - 0.2 * np.arange(0.0, 10.0, dt)  # −0.2 Hz/s
+    assert max_rocof_hz_per_s(f, dt, 0.5) == pytest.approx(0.2, rel=1e-9)
+    f2 = f.copy()
+    f2[50] -= 0.05  # one noisy sample: a 0.5 s window dilutes it, a one-sample window does not
+    assert max_rocof_hz_per_s(f2, dt, 0.5) == pytest.approx(0.2 + 0.05 / 0.5, rel=1e-9)
+    assert max_rocof_hz_per_s(f2, dt, 0.1) == pytest.approx(0.2 + 0.05 / 0.1, rel=1e-9)
+    assert max_rocof_hz_per_s(f[:3], dt, 0.5) == 0.0
