@@ -246,7 +246,8 @@ class Simulation:
 
         freq_model: FrequencyModel | None = None
         freq_hz = sc.grid.nominal_hz
-        job_speed = np.ones(n_jobs)
+        full_speed = np.ones(n_jobs)
+        job_speed = full_speed
         rack_ones = np.ones(site.n_racks, dtype=bool)
         energized = rack_ones
         domain_w_acc = np.zeros(site.n_domains)
@@ -320,9 +321,12 @@ class Simulation:
             freq_hz = freq_model.step(grid_w + ext_load_w, extra)
 
             # throughput of each job: its slowest running rack
-            if self.job_racks.size:
-                rack_speed = self.gpus.rack_speed_frac(self.workload.rack_peak_w())
+            peak_w = self.workload.rack_peak_w()
+            if self.job_racks.size and bool(np.any(self.gpus.cap_w < peak_w)):
+                rack_speed = self.gpus.rack_speed_frac(peak_w)
                 job_speed = np.minimum.reduceat(rack_speed[self.job_racks], self.job_starts)
+            else:
+                job_speed = full_speed  # no cap binds anywhere
 
             # telemetry and recording
             self.ring[k % rows] = grid_rack_w

@@ -30,20 +30,26 @@ def overview_png(res: SimResult, path: Path) -> None:
     s = res.summary
 
     ax = axes[0]
-    ax.plot(t, res.tick["demand_w"] / 1e6, color="0.7", lw=0.6, label="demand (uncapped, no storage)")
-    ax.plot(t, res.tick["grid_w"] / 1e6, color="C0", lw=0.8, label="grid import at the PCC")
+    window = max(1, round(res.site.ramp_window_s / res.tick_s))
+    kernel = np.ones(window) / window
+    grid_avg = np.convolve(res.tick["grid_w"], kernel, mode="full")[: t.size]
+    grid_avg[: window - 1] = np.nan  # not a whole window yet
+    ax.plot(t, res.tick["demand_w"] / 1e6, color="0.75", lw=0.5, label="demand (uncapped, no storage)")
+    ax.plot(t, res.tick["grid_w"] / 1e6, color="C0", lw=0.5, alpha=0.8, label="grid import at the PCC")
+    ax.plot(t, grid_avg / 1e6, color="navy", lw=1.4, label=f"grid import, {res.site.ramp_window_s:g} s mean")
     ax.plot(t, res.tick["pcc_limit_w"] / 1e6, color="C3", ls="--", lw=1.2, label="interconnect limit")
     ax.set_ylabel("power [MW]")
     ax.set_title(
         f"{res.scenario} — controller {res.controller}: {s.get('breaker_trips', 0)} trips, "
         f"{s.get('pcc_overlimit_s', 0):.0f} s over limit, {s.get('ramp_violation_s', 0):.0f} s over ramp limit"
     )
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper left", fontsize=8, framealpha=0.9)
     ax.grid(alpha=0.3)
 
     ax = axes[1]
-    ax.plot(t, res.tick["freq_hz"], color="C2", lw=0.8)
-    ax.set_ylabel("grid frequency [Hz]")
+    ax.plot(t, (res.tick["freq_hz"] - res.nominal_hz) * 1e3, color="C2", lw=0.8)
+    ax.axhline(0.0, color="0.5", lw=0.8)
+    ax.set_ylabel(f"deviation from {res.nominal_hz:g} Hz [mHz]")
     ax.set_title("frequency of the surrounding system")
     ax.grid(alpha=0.3)
 
