@@ -57,6 +57,11 @@ def campus(gpus: int, duration_s: float, controller: str = "none") -> LoadedScen
 
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
     return f"{cpu}, {_cores()} cores, Python {platform.python_version()}, numpy {np.__version__}"
 
 

@@ -20,12 +20,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import campus, machine
 
+SWING_8K = Path(__file__).resolve().parents[1] / "scenarios" / "swing-8k.toml"
+
 
 def one_run(gpus: int, duration_s: float) -> dict[str, float]:
+    """gpus == 0: the library's 8,192-GPU swing scenario; otherwise a generated campus of about `gpus` GPUs."""
     from gridsim.engine import run
+    from gridsim.scenario import load_scenario
 
     t0 = time.perf_counter()
-    loaded = campus(gpus, duration_s)
+    loaded = load_scenario(SWING_8K, [f"duration_s={duration_s}"]) if gpus == 0 else campus(gpus, duration_s)
     site = loaded.site()
     build_s = time.perf_counter() - t0
     res = run(loaded)
@@ -65,12 +69,17 @@ def main() -> None:
     scale = 0.1 if args.quick else 1.0
     print(f"machine: {machine()}")
     print("reference runs (controller none, dt 0.1 s):")
-    for gpus, dur, target in ((8192, 3600.0, 1000), (1_000_000, 600.0, 50)):
+    runs = (
+        ("swing-8k.toml (8,192-GPU job)", 0, 3600.0, "1000x"),
+        ("1M-GPU campus, 10 min", 1_000_000, 600.0, "50x, < 4 GB"),
+        ("1M-GPU campus, 1 h (recording bound)", 1_000_000, 3600.0, "a few GB"),
+    )
+    for label, gpus, dur, target in runs:
         r = in_child(gpus, dur * scale)
         print(
-            f"  {r['gpus']:>9,} GPUs {r['racks']:>6,} racks {r['sim_s']:>6.0f} s simulated: {r['wall_s']:7.1f} s wall, "
-            f"{r['x_realtime']:8.0f}x real time (target {target}x), peak RSS {r['peak_rss_mb']:.0f} MB, "
-            f"site built in {r['site_build_s']:.2f} s"
+            f"  {label}: {r['gpus']:,} GPUs in {r['racks']:,} racks, {r['sim_s']:.0f} s simulated in "
+            f"{r['wall_s']:.1f} s = {r['x_realtime']:.0f}x real time, peak RSS {r['peak_rss_mb']:.0f} MB "
+            f"(target {target}); site built in {r['site_build_s']:.2f} s"
         )
     print("cost per tick against size (60 s simulated each):")
     print(f"  {'GPUs':>10} {'racks':>7} {'us/tick':>9} {'us/tick/rack':>13}")
