@@ -23,7 +23,8 @@ LAYERS = ("grid", "capping", "emergency", "trough", "rack-storage", "safety", "b
 class Observation:
     t_s: float
     # racks
-    rack_power_w: FloatArray  # AC power averaged over the telemetry window; NaN where missing
+    rack_power_w: FloatArray  # AC input from the supply (what the breakers carry), window mean; NaN where missing
+    rack_load_w: FloatArray  # what the rack's IT load draws, before its BBU (power-shelf output); NaN where missing
     rack_age_s: FloatArray  # age of each rack reading; inf if never read
     rack_cap_w: FloatArray  # per-GPU power cap the GPUs report enforcing
     rack_floor_w: FloatArray  # per-GPU power floor in force

@@ -151,6 +151,7 @@ class Simulation:
         self.window_ticks = max(1, round(tel.window_s / self.dt))
         self.delay_ticks = round(tel.delay_s / self.dt)
         self.ring = np.zeros((self.window_ticks + self.delay_ticks, site.n_racks))
+        self.ring_load = np.zeros_like(self.ring)
         self.ring_grid = np.zeros(self.window_ticks + self.delay_ticks)
         self.rack_last_ok_s = np.zeros(site.n_racks)
 
@@ -166,15 +167,19 @@ class Simulation:
         # Rows written at ticks k-delay-window+1 .. k-delay (ring index = tick % rows).
         idx = (np.arange(k - self.delay_ticks - self.window_ticks + 1, k - self.delay_ticks + 1)) % rows
         rack_w = self.ring[idx].mean(axis=0)
+        load_w = self.ring_load[idx].mean(axis=0)
         grid_w = float(self.ring_grid[idx].mean())
         domain_w = site.domain_load_w(rack_w)
         if tel.noise_frac > 0:
             rack_w = rack_w * (1 + tel.noise_frac * self.rng_telemetry.standard_normal(site.n_racks))
+            load_w = load_w * (1 + tel.noise_frac * self.rng_telemetry.standard_normal(site.n_racks))
             domain_w = domain_w * (1 + tel.noise_frac * self.rng_telemetry.standard_normal(site.n_domains))
         rack_w = rack_w.copy()
+        load_w = load_w.copy()
         if tel.dropout_prob > 0:
             lost = self.rng_telemetry.random(site.n_racks) < tel.dropout_prob
             rack_w[lost] = np.nan
+            load_w[lost] = np.nan
             self.rack_last_ok_s[~lost] = t_s
         else:
             self.rack_last_ok_s[:] = t_s
@@ -182,6 +187,7 @@ class Simulation:
         return Observation(
             t_s=t_s,
             rack_power_w=rack_w,
+            rack_load_w=load_w,
             rack_age_s=age,
             rack_cap_w=self.gpus.cap_w.copy(),
             rack_floor_w=self.gpus.floor_w.copy(),
@@ -203,6 +209,7 @@ class Simulation:
         )
 
     def apply(self, t_s: float, act: Actions) -> None:
+        self.gpus_ramp_limited = math.isfinite(act.gpu_ramp_up_w_per_s) or math.isfinite(act.gpu_ramp_down_w_per_s)
         self.gpus.command(t_s, act.rack_cap_w, act.rack_floor_w, act.gpu_ramp_up_w_per_s, act.gpu_ramp_down_w_per_s)
         self.bbu_threshold_w = act.rack_bbu_threshold_w
         self.bbu_recharge_w = act.rack_bbu_recharge_w
@@ -322,14 +329,16 @@ class Simulation:
 
             # throughput of each job: its slowest running rack
             peak_w = self.workload.rack_peak_w()
-            if self.job_racks.size and bool(np.any(self.gpus.cap_w < peak_w)):
-                rack_speed = self.gpus.rack_speed_frac(peak_w)
+            held_w = self.gpus.power_limit_w(demand) if self.gpus_ramp_limited else self.gpus.cap_w
+            if self.job_racks.size and bool(np.any(held_w < peak_w)):
+                rack_speed = self.gpus.rack_speed_frac(peak_w, held_w)
                 job_speed = np.minimum.reduceat(rack_speed[self.job_racks], self.job_starts)
             else:
                 job_speed = full_speed  # no cap binds anywhere
 
             # telemetry and recording
             self.ring[k % rows] = grid_rack_w
+            self.ring_load[k % rows] = rack_w
             self.ring_grid[k % rows] = grid_w
             domain_w_acc += domain_w
             tick["demand_w"][k] = float(gain @ (demand * energized)) + float(fixed @ energized)

@@ -225,3 +225,19 @@ def test_defaults_are_the_published_figures() -> None:
     spec = GpuActuationSpec()
     assert 0.1 <= spec.tau_s <= 0.5  # MODELS.md in-band assumption
     assert spec.oob_delay_s == 40.0  # POLCA out-of-band
+
+
+def test_a_ramp_limit_that_holds_draw_below_demand_slows_the_gpus() -> None:
+    bank = _bank()
+    on = np.ones(4, dtype=bool)
+    bank.step(0.0, 0.1, np.full(4, 300.0), on)
+    bank.command(0.0, np.full(4, 700.0), np.zeros(4), ramp_up_w_per_s=100.0)
+    demand = np.full(4, 600.0)
+    bank.step(0.1, 0.1, demand, on)
+    held = bank.power_limit_w(demand)
+    np.testing.assert_allclose(held, 310.0)  # rose only 100 W/s * 0.1 s
+    np.testing.assert_allclose(bank.rack_speed_frac(demand, held), throughput_frac(310.0 / 600.0))
+    for i in range(2, 60):
+        bank.step(i * 0.1, 0.1, demand, on)
+    np.testing.assert_allclose(bank.power_limit_w(demand), 700.0)  # caught up: only the cap holds it now
+    np.testing.assert_allclose(bank.rack_speed_frac(demand, bank.power_limit_w(demand)), 1.0)

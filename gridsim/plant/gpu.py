@@ -164,12 +164,23 @@ class GpuBank:
         self._primed = True
         return self.draw_w
 
-    def rack_speed_frac(self, peak_w: FloatArray) -> FloatArray:
+    def power_limit_w(self, demand_w: FloatArray) -> FloatArray:
+        """The power each rack's GPUs are held to now: the cap, or the draw where a ramp limit holds it below demand.
+
+        A GPU that cannot draw what its work asks for, because the firmware ramp limit has not let it rise yet, runs
+        slower exactly as if capped at its draw.
+        """
+        ramp_held = self.draw_w < demand_w * (1.0 - 1e-9)
+        out: FloatArray = np.where(ramp_held, np.minimum(self.draw_w, self.cap_w), self.cap_w)
+        return out
+
+    def rack_speed_frac(self, peak_w: FloatArray, limit_w: FloatArray | None = None) -> FloatArray:
         """Throughput of each rack's GPUs relative to uncapped, when uncapped they peak at `peak_w` per GPU.
 
-        throughput_frac(min(cap_w, peak_w) / peak_w); 1 where peak_w <= 0 (nothing to slow down). Floors and
-        ramp limits do not slow the GPUs in this model.
+        throughput_frac(min(limit, peak_w) / peak_w) with `limit_w` the power the GPUs are held to (default the cap;
+        power_limit_w adds the ramp limit); 1 where peak_w <= 0 (nothing to slow down). Floors do not slow GPUs.
         """
         peak = np.asarray(peak_w, dtype=np.float64)
-        frac = np.divide(np.minimum(self.cap_w, peak), peak, out=np.ones_like(self.cap_w), where=peak > 0.0)
+        limit = self.cap_w if limit_w is None else limit_w
+        frac = np.divide(np.minimum(limit, peak), peak, out=np.ones_like(self.cap_w), where=peak > 0.0)
         return throughput_frac(frac)

@@ -1,0 +1,88 @@
+"""Budget allocation over the power tree: per-domain cuts and headroom become one cap change per job.
+
+A synchronous job runs at the pace of its slowest rack, so a cap on part of a job costs the whole job; capping all
+its racks evenly saves the same power for less loss. Every job therefore gets one per-GPU cap, and a domain's
+required cut is met by the lowest-priority jobs under it first: to cut X W in domain d with a uniform per-GPU cut x on
+job j, x = X * eta / n_dj, where n_dj is the number of job j's running GPUs under d and eta the rectifier efficiency.
+Loops run over priority groups (a handful), each step vectorised over domains.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import scipy.sparse as sp
+
+from dimmer.site import SiteModel
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+def job_gpus_per_domain(site: SiteModel) -> FloatArray:
+    """(n_domains, n_jobs): running GPUs of each job under each domain (spare racks excluded)."""
+    running = (site.rack_job >= 0) & ~site.rack_is_spare
+    racks = np.flatnonzero(running)
+    member = sp.csr_array(
+        (site.rack_active_gpus[racks].astype(np.float64), (racks, site.rack_job[racks])),
+        shape=(site.n_racks, max(site.n_jobs, 1)),
+    )
+    out = (site.incidence @ member).toarray()[:, : site.n_jobs]
+    return np.asarray(out, dtype=np.float64)
+
+
+def priority_groups(priority: IntArray) -> list[IntArray]:
+    """Job indices grouped by priority, lowest priority first."""
+    return [np.flatnonzero(priority == p) for p in np.unique(priority)]
+
+
+def shed(
+    cut_w: FloatArray, gpus: FloatArray, room_w_per_gpu: FloatArray, groups: list[IntArray], eta: float
+) -> tuple[FloatArray, FloatArray]:
+    """Per-GPU cap reductions that meet each domain's `cut_w`, lowest priority group first.
+
+    `gpus` (n_domains, n_jobs) from job_gpus_per_domain; `room_w_per_gpu` (n_jobs,) how far each job's cap may still
+    fall. Within a group every job takes the same per-GPU cut (bounded by its own room): the group's cut is set by
+    its most demanding domain. Returns (per-GPU reduction per job, the cut left unmet per domain).
+    """
+    remaining = np.maximum(np.nan_to_num(cut_w), 0.0)
+    reduction = np.zeros(gpus.shape[1])
+    for group in groups:
+        if not remaining.any():
+            break
+        g = group[room_w_per_gpu[group] > 0]
+        if g.size == 0:
+            continue
+        n_group = gpus[:, g].sum(axis=1)
+        need = np.where((n_group > 0) & (remaining > 0), remaining * eta / np.maximum(n_group, 1e-12), 0.0)
+        x = float(need.max())
+        if x <= 0:
+            continue
+        take = np.minimum(x, room_w_per_gpu[g])
+        reduction[g] += take
+        remaining = np.maximum(remaining - gpus[:, g] @ take / eta, 0.0)
+    return reduction, remaining
+
+
+def grant(
+    headroom_w: FloatArray, gpus: FloatArray, want_w_per_gpu: FloatArray, groups: list[IntArray], eta: float
+) -> FloatArray:
+    """Per-GPU cap increases within each domain's headroom, highest priority group first.
+
+    A job may rise by at most the smallest headroom of the domains it runs in, shared by the GPUs it has there.
+    """
+    room = np.maximum(np.nan_to_num(headroom_w), 0.0)
+    increase = np.zeros(gpus.shape[1])
+    for group in reversed(groups):
+        g = group[want_w_per_gpu[group] > 0]
+        if g.size == 0:
+            continue
+        n_group = gpus[:, g].sum(axis=1)
+        inside = n_group > 0
+        if not inside.any():
+            continue
+        allow = float(np.min(room[inside] * eta / n_group[inside]))
+        give = np.minimum(want_w_per_gpu[g], max(allow, 0.0))
+        increase[g] = give
+        room = np.maximum(room - gpus[:, g] @ give / eta, 0.0)
+    return increase

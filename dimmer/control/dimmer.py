@@ -1,0 +1,288 @@
+"""The dimmer controller: progressive, job-aware capping coordinated with every level of storage.
+
+Layers, each vectorised over the tree (docs/controller.md has the equations):
+1. Grid shaping: the grid target G follows a low-passed campus demand, moves no faster than the utility ramp limit
+   and stays under the interconnect limit; the campus battery supplies the difference within its power and SoC
+   window, with a slow SoC recovery. What it cannot cover becomes a cut at the campus (demand too high) or a floor
+   (demand falling faster than the grid may follow).
+2. Progressive capping: every domain's load envelope (the peak of recent periods) against its rating gives a cut
+   that grows smoothly from a soft threshold, with an emergency path near a trip; cuts go to the lowest priority
+   first as one cap per job. Caps fall at once and rise slowly, with hysteresis.
+3. Trough filling: GPU power floors, raised only when the battery cannot absorb a fall, released at the ramp limit.
+4. Rack storage: BBU thresholds at each rack's recent mean so BBUs shave the swing's peaks and recharge in its
+   troughs (never above the threshold, so recharge makes no new peak), nudged by each BBU's state of charge.
+5. Safety: stale or missing telemetry moves the caps it concerns down to a safe level, never up; the planned load of
+   every domain is checked against its rating before the actions leave.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import Field, ValidationError
+
+from dimmer.control import register
+from dimmer.control.allocation import grant, job_gpus_per_domain, priority_groups, shed
+from dimmer.control.filters import LowPass, PeakHold, progressive_cut_w
+from dimmer.errors import from_validation_error
+from dimmer.observation import Actions, Observation, Reason
+from dimmer.site import SiteModel
+from dimmer.siteconfig import Strict
+
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+
+MAX_REASONS = 32  # per step; the rest are counted in one summary reason
+
+
+class DimmerParams(Strict):
+    """Every threshold, gain and period, with its default (docs/controller.md explains each)."""
+
+    period_s: float = Field(default=1.0, gt=0)  # nominal control period (the first step's dt)
+    # capping
+    soft_frac: float = Field(default=0.92, gt=0, lt=1)  # cuts start here (fraction of the rating in force)
+    release_frac: float = Field(default=0.88, gt=0, lt=1)  # caps rise only while the envelope is below this
+    emergency_frac: float = Field(default=1.0, gt=0)  # envelope at this fraction of the rating: cut to soft at once
+    thermal_emergency_frac: float = Field(default=0.5, gt=0, le=1)  # breaker thermal state (1 = trip)
+    envelope_s: float = Field(default=10.0, gt=0)  # peak-hold window: several iterations of a 0.3-5 s swing
+    cap_rise_w_per_s: float = Field(default=20.0, gt=0)  # per GPU: caps rise slowly (GB300: 1.4 % of rated a second)
+    # grid shaping
+    forecast_tau_s: float = Field(default=20.0, ge=0)
+    # the battery follows the campus load through this low-pass: it shapes the level, the rack storage the swing
+    # (a battery chasing a 0.2-3 Hz swing from 1 s readings would arrive out of phase and amplify it)
+    bess_smoothing_s: float = Field(default=2.0, ge=0)
+    ramp_margin_frac: float = Field(default=0.85, gt=0, le=1)  # use this share of the utility ramp limit
+    pcc_margin_frac: float = Field(default=0.97, gt=0, le=1)  # keep the grid this far under the interconnect limit
+    bess_soc_target_frac: float = Field(default=0.6, ge=0, le=1)
+    bess_soc_recovery_s: float = Field(default=1800.0, gt=0)  # time constant of the slow SoC recovery
+    bess_reserve_frac: float = Field(default=0.15, ge=0, le=1)  # SoC band above the minimum where reliance tapers
+    # trough filling
+    floor_release_w_per_s: float | None = Field(default=None, gt=0)  # per GPU; default: the ramp limit spread out
+    # rack storage
+    bbu_mean_tau_s: float = Field(default=20.0, gt=0)
+    bbu_soc_target_frac: float = Field(default=0.8, ge=0, le=1)
+    bbu_soc_gain: float = Field(default=0.5, ge=0)  # threshold shift per unit SoC error, in units of BBU power
+    bbu_shift_max_frac: float = Field(default=0.3, ge=0)  # of BBU power: the most the SoC term moves a threshold
+    bbu_reserve_frac: float = Field(default=0.1, gt=0, le=1)  # SoC band above the reserve where BBU use tapers
+    # safety
+    stale_s: float = Field(default=5.0, gt=0)  # a reading older than this is not trusted
+    safe_cap_frac: float = Field(default=0.6, gt=0, le=1)  # of rated: where stale telemetry sends a cap
+
+
+class DimmerController:
+    name = "dimmer"
+
+    def __init__(self, site: SiteModel, params: DimmerParams) -> None:
+        self.site = site
+        self.p = params
+        gpu = site.gpu
+        self.eta = site.rectifier_eff
+        self.gpus = job_gpus_per_domain(site)  # (n_domains, n_jobs)
+        self.groups = priority_groups(site.job_priority)
+        self.running_rack = (site.rack_job >= 0) & ~site.rack_is_spare
+        self.job_rack = np.where(site.rack_job >= 0, site.rack_job, 0)
+        self.safe_cap_w = max(gpu.min_cap_w, params.safe_cap_frac * gpu.rated_w)
+        n_env = max(1, round(params.envelope_s / params.period_s))
+        self.domain_env = PeakHold(site.n_domains, n_env)
+        self.rack_env = PeakHold(site.n_racks, n_env)
+        self.forecast = LowPass(params.forecast_tau_s)
+        self.bus_mean = LowPass(params.bess_smoothing_s)
+        self.rack_mean = LowPass(params.bbu_mean_tau_s)
+        self.rack_last_w = np.full(site.n_racks, np.nan)
+        # state
+        self.cap_w = np.full(site.n_jobs, gpu.rated_w)
+        self.floor_w = np.zeros(site.n_racks)
+        self.grid_target_w: float | None = None
+        self.t_last_s: float | None = None
+        all_gpus = float(np.sum(site.rack_active_gpus[site.rack_job >= 0])) or 1.0
+        ramp_w_per_s = site.ramp_limit_w_per_min / 60.0
+        # floors come down no faster than the grid may: the ramp limit spread over every job GPU
+        spread = ramp_w_per_s * params.ramp_margin_frac * self.eta / all_gpus
+        default_release = spread if math.isfinite(spread) else gpu.rated_w
+        self.floor_release_w_per_s = params.floor_release_w_per_s or default_release
+
+    # -- helpers ---------------------------------------------------------------------------------------------------
+
+    def _bess_room(self, obs: Observation) -> tuple[float, float, float]:
+        """(discharge W the battery can give, the share of it to plan on, charge W it can take)."""
+        b = self.site.bess
+        if not obs.bess_online or b.energy_j <= 0 or not math.isfinite(obs.bess_soc_frac):
+            return 0.0, 0.0, 0.0
+        soc = obs.bess_soc_frac
+        discharge = b.power_w if soc > b.soc_min_frac + 1e-3 else 0.0
+        charge = b.power_w if soc < b.soc_max_frac - 1e-3 else 0.0
+        band = max(self.p.bess_reserve_frac, 1e-6)
+        taper = float(np.clip((soc - b.soc_min_frac) / band, 0.0, 1.0))
+        return discharge, discharge * taper, charge
+
+    # -- the step --------------------------------------------------------------------------------------------------
+
+    def step(self, obs: Observation) -> Actions:
+        site, p, gpu = self.site, self.p, self.site.gpu
+        dt = p.period_s if self.t_last_s is None else max(obs.t_s - self.t_last_s, 1e-3)
+        self.t_last_s = obs.t_s
+        reasons: list[Reason] = []
+
+        # telemetry we trust; a stale or missing rack holds its last value for planning and is flagged
+        rack_ok = np.isfinite(obs.rack_power_w) & (obs.rack_age_s <= p.stale_s)
+        self.rack_last_w = np.where(rack_ok, obs.rack_power_w, self.rack_last_w)
+        rack_w = np.where(np.isfinite(self.rack_last_w), self.rack_last_w, site.rack_max_w())
+        from_racks = site.domain_load_w(rack_w)
+        dom_ok = np.isfinite(obs.domain_power_w) & (obs.domain_age_s <= p.stale_s)
+        domain_w = np.where(dom_ok, obs.domain_power_w, from_racks)
+        pcc_ok = math.isfinite(obs.pcc_power_w) and obs.pcc_age_s <= p.stale_s
+
+        dom_env = self.domain_env.update(domain_w)
+        # the racks' own load (before their BBUs): what the GPUs draw, what the BBUs must follow
+        load_ok = rack_ok & np.isfinite(obs.rack_load_w)
+        load_w = np.where(load_ok, obs.rack_load_w, np.nan)
+        load_env = self.rack_env.update(load_w)
+        load_env = np.where(np.isfinite(load_env), load_env, rack_w)
+        limit = np.asarray(obs.domain_limit_w, dtype=np.float64).copy()
+
+        # 1. grid shaping ---------------------------------------------------------------------------------------
+        discharge_w, discharge_plan_w, charge_w = self._bess_room(obs)
+        bus_w = (obs.pcc_power_w + (obs.bess_power_w if obs.bess_online else 0.0)) if pcc_ok else float(domain_w[0])
+        ramp_step = site.ramp_limit_w_per_min / 60.0 * p.ramp_margin_frac * dt
+        grid_cap = obs.pcc_limit_w * p.pcc_margin_frac
+        bus_now_w = bus_w
+        bus_w = float(self.bus_mean.update(np.array([bus_w]), dt)[0])
+        forecast = float(self.forecast.update(np.array([bus_w]), dt)[0])
+        b = site.bess
+        soc_pull = 0.0
+        if b.energy_j > 0 and math.isfinite(obs.bess_soc_frac):
+            usable = (b.soc_max_frac - b.soc_min_frac) * b.energy_j
+            soc_pull = (p.bess_soc_target_frac - obs.bess_soc_frac) * usable / p.bess_soc_recovery_s
+            soc_pull = float(np.clip(soc_pull, -b.power_w, b.power_w))
+        prev = bus_w if self.grid_target_w is None else self.grid_target_w
+        target = forecast + soc_pull
+        if math.isfinite(ramp_step):
+            target = min(max(target, prev - ramp_step), prev + ramp_step)
+        target = min(target, grid_cap)
+        self.grid_target_w = target
+        gap = bus_w - target  # > 0: the battery must give; < 0: it must take
+        bess_w = float(np.clip(gap, -charge_w, discharge_w))
+        # campus: the bus may carry the interconnect limit plus what the battery can plan to give
+        campus_limit = min(float(limit[0]), obs.pcc_limit_w + discharge_plan_w)
+        limit[0] = campus_limit
+        # cuts act on the latest reading (a job start must not wait for the battery's smoothing), releases on the mean
+        grid_cut = max(max(gap, bus_now_w - target) - discharge_plan_w, 0.0)
+        fill_w = max(-gap - charge_w, 0.0)
+
+        # 2. progressive capping --------------------------------------------------------------------------------
+        soft = p.soft_frac * limit
+        cut = progressive_cut_w(dom_env, soft, limit)
+        thermal = np.nan_to_num(obs.domain_thermal_frac, nan=0.0)
+        emergency = (dom_env >= p.emergency_frac * limit) | (thermal >= p.thermal_emergency_frac)
+        cut = np.where(emergency, np.maximum(cut, dom_env - soft), cut)
+        cut[0] = max(cut[0], grid_cut)
+        headroom = np.maximum(p.release_frac * limit - dom_env, 0.0)
+        headroom[0] = min(headroom[0], max(-gap, 0.0))  # the campus may rise only as the grid target does
+        headroom = np.where(cut > 0, 0.0, headroom)
+
+        n_jobs = site.n_jobs
+        if n_jobs:
+            gpu_env = site.gpu_draw_for_rack_w(load_env)
+            job_peak = np.full(n_jobs, gpu.min_cap_w)
+            np.maximum.at(job_peak, site.rack_job[self.running_rack], gpu_env[self.running_rack])
+            effective = np.minimum(self.cap_w, np.maximum(job_peak, gpu.min_cap_w))
+            room = np.maximum(effective - gpu.min_cap_w, 0.0)
+            reduction, unmet = shed(cut, self.gpus, room, self.groups, self.eta)
+            new_cap = np.where(reduction > 0, effective - reduction, self.cap_w)
+            # rise: slowly, within headroom, never for a job with untrusted telemetry
+            stale_job = np.zeros(n_jobs, dtype=bool)
+            stale_job[site.rack_job[self.running_rack & ~rack_ok]] = True
+            if not pcc_ok:
+                stale_job[:] = True
+            rise = np.minimum(p.cap_rise_w_per_s * dt, gpu.rated_w - new_cap)
+            want = np.maximum(np.where((reduction > 0) | stale_job, 0.0, rise), 0.0)
+            up = grant(headroom, self.gpus, want, self.groups, self.eta)
+            new_cap = new_cap + up
+            # 5. safety: stale telemetry moves a cap down to the safe level, never up
+            new_cap = np.where(stale_job, np.minimum(new_cap, self.safe_cap_w), new_cap)
+            new_cap = gpu.clamp_cap_w(new_cap)
+            # a cap well above what the job draws is no cap at all: show it as rated
+            new_cap = np.where(new_cap >= job_peak + 0.1 * gpu.rated_w, gpu.rated_w, new_cap)
+            self._explain_caps(reasons, cut, emergency, new_cap, stale_job, unmet)
+            self.cap_w = new_cap
+        rack_cap = np.where(site.rack_job >= 0, self.cap_w[self.job_rack] if n_jobs else gpu.rated_w, gpu.rated_w)
+        stale_rack = ~rack_ok | (not pcc_ok)
+        rack_cap = np.where(stale_rack, np.minimum(rack_cap, self.safe_cap_w), rack_cap)
+
+        # 3. trough filling -----------------------------------------------------------------------------------------
+        job_racks = site.rack_job >= 0
+        n_fill = float(np.sum(site.rack_active_gpus[job_racks]))
+        release = self.floor_release_w_per_s * dt
+        if fill_w > 0 and n_fill > 0:
+            lift = fill_w * self.eta / n_fill
+            draw = site.gpu_draw_for_rack_w(rack_w)
+            self.floor_w = np.where(job_racks, np.maximum(self.floor_w, draw) + lift, 0.0)
+            reasons.append(Reason("trough", "demand falling faster than the grid may ramp down", value_w=fill_w))
+        else:
+            self.floor_w = np.maximum(self.floor_w - release, 0.0)  # released at the ramp limit
+        floor = np.minimum(gpu.clamp_floor_w(self.floor_w), rack_cap)
+
+        # 4. rack storage ---------------------------------------------------------------------------------------
+        rs = site.rack_storage
+        mean = self.rack_mean.update(load_w, dt)
+        soc = np.nan_to_num(obs.rack_bbu_soc_frac, nan=rs.bbu_soc_min_frac)
+        shift = np.clip(p.bbu_soc_gain * (p.bbu_soc_target_frac - soc), -p.bbu_shift_max_frac, p.bbu_shift_max_frac)
+        # near its reserve a BBU hands the peaks back: its threshold slides up to the load's envelope
+        taper = np.clip((soc - rs.bbu_soc_min_frac) / p.bbu_reserve_frac, 0.0, 1.0)
+        threshold = taper * (mean + shift * rs.bbu_power_w) + (1.0 - taper) * load_env
+        threshold = np.where(rs.bbu_energy_j > 0, np.maximum(threshold, 0.0), np.inf)
+        recharge = rs.bbu_power_w.copy()
+
+        # planned load of every domain under these caps and floors, for the audit and the safety check
+        planned_gpu = np.where(job_racks, np.minimum(site.gpu_draw_for_rack_w(load_env), rack_cap), np.nan)
+        planned_rack = np.where(job_racks, site.rack_power_w(np.maximum(planned_gpu, floor)), load_env)
+        planned = site.domain_load_w(planned_rack)
+        over = planned > obs.domain_limit_w
+        if over.any():
+            reasons.append(Reason("safety", f"{int(over.sum())} domain(s) planned over rating: no sheddable load left"))
+
+        return Actions(
+            rack_cap_w=rack_cap,
+            rack_floor_w=floor,
+            bess_setpoint_w=bess_w,
+            rack_bbu_threshold_w=threshold,
+            rack_bbu_recharge_w=recharge,
+            job_suspend=np.zeros(n_jobs, dtype=bool),
+            planned_domain_w=planned,
+            reasons=tuple(reasons),
+        )
+
+    def _explain_caps(
+        self,
+        reasons: list[Reason],
+        cut: FloatArray,
+        emergency: BoolArray,
+        new_cap: FloatArray,
+        stale_job: BoolArray,
+        unmet: FloatArray,
+    ) -> None:
+        for d in np.flatnonzero(cut > 0)[:MAX_REASONS]:
+            layer = "emergency" if emergency[d] else ("grid" if d == 0 else "capping")
+            what = f"cut {cut[d] / 1e3:.0f} kW at {self.site.domain_name[d]}"
+            reasons.append(Reason(layer, what, domain=int(d), value_w=float(cut[d])))
+        for j in np.flatnonzero(new_cap < self.cap_w):
+            what = f"cap {self.site.job_name[j]} to {new_cap[j]:.0f} W per GPU"
+            reasons.append(Reason("capping", what, job=int(j), value_w=float(new_cap[j])))
+        for j in np.flatnonzero(stale_job):
+            reasons.append(Reason("safety", "stale telemetry: cap held at or below the safe level", job=int(j)))
+        if unmet.max(initial=0.0) > 0:
+            d = int(np.argmax(unmet))
+            reasons.append(Reason("safety", "no sheddable load left for the cut", domain=d, value_w=float(unmet[d])))
+
+
+@register("dimmer")
+def _make_dimmer(site: SiteModel, params: Mapping[str, Any]) -> DimmerController:
+    try:
+        p = DimmerParams.model_validate(dict(params))
+    except ValidationError as exc:
+        raise from_validation_error("controller", exc, ("params",)) from None
+    return DimmerController(site, p)
