@@ -1,0 +1,266 @@
+"""The dimmer controller: its filters, its allocation over the tree, and its decisions on hand-built observations."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dimmer.control import make_controller
+from dimmer.control.allocation import grant, job_gpus_per_domain, priority_groups, shed
+from dimmer.control.dimmer import DimmerController
+from dimmer.control.filters import LowPass, PeakHold, progressive_cut_w
+from dimmer.errors import InputError
+from dimmer.observation import Observation
+from dimmer.site import SiteModel, build_site
+from dimmer.siteconfig import JobPlacementSpec, LevelSpec, PccSpec, SiteSpec
+
+
+def _site(bess_mw: float = 0.0, ramp_mw_per_min: float = 60.0) -> SiteModel:
+    """Two rows of 4 GB300 racks (~126 kW each at full power); each row rated 400 kW, so a full row is over."""
+    spec = SiteSpec(
+        pcc=PccSpec(limit_mw=5.0, ramp_mw_per_min=ramp_mw_per_min),
+        spare_rack_frac=0.0,
+        levels=[LevelSpec(level="row", count=2, rating_kw=400), LevelSpec(level="rack", count=4)],
+        storage={"bess": {"power_mw": bess_mw, "energy_mwh": bess_mw / 2}},  # type: ignore[arg-type]
+    )
+    jobs = [
+        JobPlacementSpec(name="pretrain", priority=10, racks=(0, 2)),
+        JobPlacementSpec(name="eval", priority=1, racks=(2, 4)),
+        JobPlacementSpec(name="rl", priority=5, racks=(4, 8)),
+    ]
+    return build_site(spec, jobs)
+
+
+def _obs(site: SiteModel, t_s: float, gpu_w: float | np.ndarray, **kw: Any) -> Observation:
+    """What the telemetry would say if every active GPU drew `gpu_w` (per rack or one value)."""
+    draw = np.broadcast_to(np.asarray(gpu_w, dtype=np.float64), (site.n_racks,))
+    rack = site.rack_power_w(draw)
+    base: dict[str, Any] = {
+        "t_s": t_s,
+        "rack_power_w": rack,
+        "rack_load_w": rack,
+        "rack_age_s": np.full(site.n_racks, 1.0),
+        "rack_cap_w": np.full(site.n_racks, site.gpu.rated_w),
+        "rack_floor_w": np.zeros(site.n_racks),
+        "rack_bbu_soc_frac": np.full(site.n_racks, 0.8),
+        "rack_energized": np.ones(site.n_racks, dtype=bool),
+        "domain_power_w": site.domain_load_w(rack),
+        "domain_age_s": np.full(site.n_domains, 1.0),
+        "domain_limit_w": site.domain_rating_w.copy(),
+        "domain_thermal_frac": np.zeros(site.n_domains),
+        "pcc_power_w": float(site.domain_load_w(rack)[0]),
+        "pcc_age_s": 1.0,
+        "pcc_limit_w": site.pcc_limit_w,
+        "ramp_limit_w_per_min": site.ramp_limit_w_per_min,
+        "grid_freq_hz": 50.0,
+        "bess_soc_frac": 0.5 if site.bess.energy_j > 0 else math.nan,
+        "bess_power_w": 0.0,
+        "bess_online": site.bess.energy_j > 0,
+        "job_running": np.ones(site.n_jobs, dtype=bool),
+    }
+    base.update(kw)
+    return Observation(**base)
+
+
+def _job_caps(site: SiteModel, rack_cap_w: np.ndarray) -> dict[str, float]:
+    return {name: float(rack_cap_w[np.flatnonzero(site.rack_job == j)[0]]) for j, name in enumerate(site.job_name)}
+
+
+# -- filters -------------------------------------------------------------------------------------------------------
+
+
+def test_peak_hold_follows_the_recent_peak_and_ignores_nan() -> None:
+    hold = PeakHold(2, 3)
+    out = [hold.update(np.array(v)) for v in ([1.0, np.nan], [5.0, np.nan], [2.0, 4.0], [1.0, 1.0], [1.0, 1.0])]
+    assert [o[0] for o in out] == [1.0, 5.0, 5.0, 5.0, 2.0]
+    assert np.isnan(out[0][1]) and out[2][1] == 4.0 and out[4][1] == 4.0
+
+
+def test_low_pass_step_response() -> None:
+    lp = LowPass(10.0)
+    lp.update(np.zeros(1), 1.0)
+    y = lp.update(np.ones(1), 10.0)
+    assert y[0] == pytest.approx(1 - math.exp(-1))
+    assert lp.update(np.array([np.nan]), 1.0)[0] == pytest.approx(y[0])  # NaN holds
+
+
+@given(st.floats(0.0, 3.0))
+def test_progressive_cut_is_smooth_and_keeps_the_plan_below_the_limit(e_frac: float) -> None:
+    soft, hard = np.array([0.9]), np.array([1.0])
+    e = np.array([e_frac])
+    cut = progressive_cut_w(e, soft, hard)[0]
+    assert cut >= 0.0
+    assert e_frac - cut <= 0.95 + 1e-12  # never plans above (hard + soft) / 2
+    if e_frac <= 0.9:
+        assert cut == 0.0
+    # continuous with a continuous slope at the hard limit
+    h = 1e-6
+    left = progressive_cut_w(np.array([1.0 - h]), soft, hard)[0]
+    right = progressive_cut_w(np.array([1.0 + h]), soft, hard)[0]
+    assert right - left == pytest.approx(2 * h, rel=1e-3)
+
+
+# -- allocation ----------------------------------------------------------------------------------------------------
+
+
+def test_shed_takes_the_lowest_priority_job_first_and_uniformly() -> None:
+    site = _site()
+    gpus = job_gpus_per_domain(site)
+    row0 = site.domain_index("r0")
+    assert gpus[row0].tolist() == [128.0, 128.0, 0.0]  # pretrain and eval share row 0
+    cut = np.zeros(site.n_domains)
+    cut[row0] = 20e3
+    room = np.full(site.n_jobs, 1000.0)
+    reduction, unmet = shed(cut, gpus, room, priority_groups(site.job_priority), site.rectifier_eff)
+    assert reduction[0] == 0.0 and reduction[2] == 0.0  # pretrain (10) and rl (not in row 0) untouched
+    assert reduction[1] == pytest.approx(20e3 * site.rectifier_eff / 128)  # eval: one cut for all its GPUs
+    assert unmet.max() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_shed_moves_up_a_priority_when_the_lowest_runs_out() -> None:
+    site = _site()
+    gpus = job_gpus_per_domain(site)
+    row0 = site.domain_index("r0")
+    cut = np.zeros(site.n_domains)
+    cut[row0] = 100e3
+    room = np.array([1000.0, 200.0, 1000.0])  # eval can give only 200 W per GPU
+    reduction, unmet = shed(cut, gpus, room, priority_groups(site.job_priority), site.rectifier_eff)
+    assert reduction[1] == 200.0
+    assert reduction[0] == pytest.approx((100e3 - 200.0 * 128 / site.rectifier_eff) * site.rectifier_eff / 128)
+    assert reduction[2] == 0.0 and unmet.max() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_grant_gives_highest_priority_first_within_headroom() -> None:
+    site = _site()
+    gpus = job_gpus_per_domain(site)
+    head = np.full(site.n_domains, 1e9)
+    head[site.domain_index("r0")] = 10e3
+    up = grant(head, gpus, np.full(site.n_jobs, 100.0), priority_groups(site.job_priority), site.rectifier_eff)
+    assert up[0] == pytest.approx(10e3 * site.rectifier_eff / 128)  # pretrain takes all of row 0's headroom
+    assert up[1] == 0.0  # eval gets none
+    assert up[2] == 100.0  # rl's row has room
+
+
+# -- the controller ---------------------------------------------------------------------------------------------
+
+
+def test_overloaded_row_caps_the_lowest_priority_job_there_and_plans_under_the_rating() -> None:
+    site = _site()
+    ctrl = make_controller("dimmer", site)
+    act = ctrl.step(_obs(site, 1.0, 1260.0))
+    caps = _job_caps(site, act.rack_cap_w)
+    assert caps["eval"] < site.gpu.rated_w  # the low-priority job in the overloaded row is dimmed...
+    assert caps["pretrain"] == site.gpu.rated_w or caps["pretrain"] > caps["eval"]  # ...before the important one
+    assert act.planned_domain_w is not None
+    row0 = site.domain_index("r0")
+    assert act.planned_domain_w[row0] <= site.domain_rating_w[row0]
+    assert any(r.layer == "emergency" and r.domain == row0 for r in act.reasons)
+    assert np.all(act.rack_cap_w >= site.gpu.min_cap_w) and np.all(act.rack_cap_w <= site.gpu.rated_w)
+
+
+def test_caps_rise_slowly_once_load_is_back_under_the_release_level() -> None:
+    site = _site()
+    ctrl = make_controller("dimmer", site, {"envelope_s": 1.0})
+    low = ctrl.step(_obs(site, 1.0, 1260.0)).rack_cap_w
+    caps = [low]
+    for k in range(2, 40):
+        caps.append(ctrl.step(_obs(site, float(k), 600.0)).rack_cap_w)
+    steps = np.diff(np.array(caps), axis=0)
+    assert steps.max() <= 20.0 + 1e-9  # 20 W per GPU per second at most
+    assert caps[-1].min() > low.min()
+
+
+def test_stale_telemetry_moves_caps_down_to_the_safe_level_never_up() -> None:
+    site = _site()
+    ctrl = make_controller("dimmer", site, {"safe_cap_frac": 0.6})
+    ctrl.step(_obs(site, 1.0, 700.0))
+    age = np.full(site.n_racks, 1.0)
+    age[5] = 60.0  # an rl rack stopped reporting
+    act = ctrl.step(_obs(site, 2.0, 700.0, rack_age_s=age))
+    caps = _job_caps(site, act.rack_cap_w)
+    assert caps["rl"] <= 0.6 * site.gpu.rated_w
+    assert caps["pretrain"] == site.gpu.rated_w
+    later = ctrl.step(_obs(site, 3.0, 300.0, rack_age_s=age))
+    assert _job_caps(site, later.rack_cap_w)["rl"] <= caps["rl"]  # still stale: never up
+    assert any(r.layer == "safety" for r in act.reasons)
+
+
+def test_a_dead_campus_meter_caps_everything_at_the_safe_level() -> None:
+    site = _site()
+    ctrl = make_controller("dimmer", site)
+    act = ctrl.step(_obs(site, 1.0, 500.0, pcc_power_w=math.nan))
+    assert act.rack_cap_w.max() <= 0.6 * site.gpu.rated_w
+
+
+def test_battery_covers_a_jump_the_grid_may_not_follow() -> None:
+    site = _site(bess_mw=2.0, ramp_mw_per_min=1.0)
+    ctrl = make_controller("dimmer", site, {"bess_smoothing_s": 0.0})
+    ctrl.step(_obs(site, 1.0, 300.0))
+    before = ctrl.grid_target_w  # type: ignore[attr-defined]
+    obs = _obs(site, 2.0, 800.0)
+    act = ctrl.step(obs)
+    after = ctrl.grid_target_w  # type: ignore[attr-defined]
+    ramp_per_period = site.ramp_limit_w_per_min / 60 * 0.7  # the default ramp_margin_frac
+    assert abs(after - before) <= ramp_per_period + 1e-6  # the grid moves no faster than the utility allows
+    assert act.bess_setpoint_w == pytest.approx(obs.pcc_power_w - after)  # the battery gives the rest
+    jump = obs.pcc_power_w - float(_obs(site, 1.0, 300.0).pcc_power_w)
+    assert act.bess_setpoint_w > 0.8 * jump
+    assert act.rack_cap_w.min() == site.gpu.rated_w  # the battery could carry it: nobody is capped
+
+
+def test_fall_faster_than_the_grid_may_ramp_raises_floors_then_releases_them() -> None:
+    site = _site(ramp_mw_per_min=6.0)  # no battery: only floors can fill the fall
+    ctrl = make_controller("dimmer", site, {"bess_smoothing_s": 0.0})
+    for k in range(1, 4):
+        ctrl.step(_obs(site, float(k), 600.0))
+    act = ctrl.step(_obs(site, 4.0, 200.0))  # every job crashed: the GPUs idle at 200 W
+    assert act.rack_floor_w.max() > 200.0
+    assert any(r.layer == "trough" for r in act.reasons)
+    floors = [act.rack_floor_w.max()]
+    grid = []
+    for k in range(5, 120):
+        obs = _obs(site, float(k), np.maximum(200.0, act.rack_floor_w))  # the floors hold the GPUs up
+        grid.append(obs.pcc_power_w)
+        act = ctrl.step(obs)
+        floors.append(act.rack_floor_w.max())
+    assert floors[-1] < 0.5 * floors[0]  # released...
+    ramp_w_per_s = np.diff(grid)
+    assert ramp_w_per_s.min() >= -6e6 / 60 - 1.0  # ...no faster than the grid may ramp down
+    assert np.all(np.array(floors) <= 0.9 * site.gpu.rated_w)
+
+
+def test_bbu_threshold_follows_the_rack_load_and_its_soc() -> None:
+    site = _site()
+    ctrl = make_controller("dimmer", site)
+    load = site.rack_power_w(np.full(site.n_racks, 1000.0))
+    low = np.full(site.n_racks, 0.65)
+    act = ctrl.step(_obs(site, 1.0, 1000.0, rack_bbu_soc_frac=low))
+    assert np.all(act.rack_bbu_threshold_w > load)  # below target: the threshold rises so the BBU recharges
+    near_reserve = np.full(site.n_racks, site.rack_storage.bbu_soc_min_frac)
+    act = make_controller("dimmer", site).step(_obs(site, 1.0, 1000.0, rack_bbu_soc_frac=near_reserve))
+    np.testing.assert_allclose(act.rack_bbu_threshold_w, load)  # at its reserve the BBU hands the load back
+
+
+def test_same_observations_same_actions() -> None:
+    site = _site(bess_mw=1.0)
+    rng = np.random.default_rng(3)
+    draws = [rng.uniform(200, 1400, site.n_racks) for _ in range(10)]
+    outs = []
+    for _ in range(2):
+        ctrl = DimmerController(site, make_controller("dimmer", site).p)  # type: ignore[attr-defined]
+        outs.append([ctrl.step(_obs(site, float(k + 1), d)) for k, d in enumerate(draws)])
+    for a, b in zip(*outs, strict=True):
+        np.testing.assert_array_equal(a.rack_cap_w, b.rack_cap_w)
+        assert a.bess_setpoint_w == b.bess_setpoint_w
+
+
+def test_bad_parameter_is_one_line() -> None:
+    with pytest.raises(InputError, match=r"controller: params\.soft_frac: .*less than 1"):
+        make_controller("dimmer", _site(), {"soft_frac": 1.5})
+    with pytest.raises(InputError, match=r"params\.sof_frac: unknown key"):
+        make_controller("dimmer", _site(), {"sof_frac": 0.5})
