@@ -31,6 +31,16 @@ def _parser() -> argparse.ArgumentParser:
                      help="override a scenario key, e.g. --set duration_s=600 --set jobs[0].gpus=4096")  # fmt: skip
     run.add_argument("--quiet", action="store_true", help="print nothing but errors")
 
+    cmp = sub.add_parser("compare", help="run every controller on one scenario and seed; write compare.json, "
+                         "compare.csv, compare.png and compare.md")  # fmt: skip
+    cmp.add_argument("scenario", type=Path)
+    cmp.add_argument("--out", type=Path, help="output directory (default: out/<scenario>-compare)")
+    cmp.add_argument("--controllers", metavar="A,B,...", help="controllers to run, in this order (default: all)")
+    cmp.add_argument("--seed", type=int, help="random seed, the same for every controller (default: the scenario's)")
+    cmp.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a scenario key, e.g. --set duration_s=600")  # fmt: skip
+    cmp.add_argument("--quiet", action="store_true", help="print nothing but errors")
+
     val = sub.add_parser("validate", help="check a scenario file and say what it describes")
     val.add_argument("scenario", type=Path)
     val.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -79,11 +89,48 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare_progress(name: str, index: int, count: int, frac: float) -> None:
+    bar = "#" * int(frac * 40)
+    sys.stderr.write(f"\r{index + 1}/{count} {name:<12} [{bar:<40}] {frac * 100:5.1f} %")
+    if frac >= 1.0:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from gridsim.compare import (
+        FILES,
+        check_out_dir,
+        compare,
+        compare_table,
+        parse_controllers,
+        summaries,
+        write_compare,
+    )
+    from gridsim.scenario import load_scenario
+
+    # everything is checked before anything runs
+    if args.seed is not None and args.seed < 0:
+        raise InputError("--seed", "seed", "a non-negative integer")
+    loaded = load_scenario(args.scenario, args.overrides)
+    names = parse_controllers(args.controllers)
+    out = args.out or Path("out") / f"{loaded.scenario.name}-compare"
+    check_out_dir(out)
+    results = compare(loaded, names, seed=args.seed, progress=None if args.quiet else _compare_progress)
+    write_compare(results, out)
+    if not args.quiet:
+        print(compare_table(summaries(results)))
+        print(f"wrote {out}/{', '.join(FILES)}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "validate":
             return _cmd_validate(args)
+        if args.command == "compare":
+            return _cmd_compare(args)
         return _cmd_run(args)
     except InputError as exc:
         sys.stderr.write(f"gridsim: {exc}\n")

@@ -170,6 +170,7 @@ class Simulation:
         load_w = self.ring_load[idx].mean(axis=0)
         grid_w = float(self.ring_grid[idx].mean())
         domain_w = site.domain_load_w(rack_w)
+        domain_w[0] = grid_w  # the PCC meter: net of the battery
         if tel.noise_frac > 0:
             rack_w = rack_w * (1 + tel.noise_frac * self.rng_telemetry.standard_normal(site.n_racks))
             load_w = load_w * (1 + tel.noise_frac * self.rng_telemetry.standard_normal(site.n_racks))
@@ -315,13 +316,15 @@ class Simulation:
             rack_w *= energized
             tray_w = self.trays.step(dt, rack_w, energized)
             grid_rack_w = self.bbus.step(dt, tray_w, self.bbu_threshold_w, self.bbu_recharge_w, energized)
+            bess_w = self.bess.step(dt, self.bess_setpoint_w)
             domain_w = site.domain_load_w(grid_rack_w)
+            campus_w = float(domain_w[0])
+            grid_w = campus_w - bess_w
+            # The campus domain is the PCC: the battery sits behind it, so its breaker and meter carry the net import.
+            domain_w[0] = grid_w
             tripped = self.breakers.step(t, dt, domain_w)
             if tripped.any() or not energized.all():
                 energized = self.breakers.rack_energized()
-            bess_w = self.bess.step(dt, self.bess_setpoint_w)
-            campus_w = float(domain_w[0])
-            grid_w = campus_w - bess_w
             if freq_model is None:
                 freq_model = FrequencyModel(sc.grid, grid_w, dt)
             extra = sum(r.dev_hz(t) for r in replays) if replays else 0.0

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from dimmer.control import make_controller
 from dimmer.control.allocation import grant, job_gpus_per_domain, priority_groups, shed
 from dimmer.control.dimmer import DimmerController
-from dimmer.control.filters import LowPass, PeakHold, progressive_cut_w
+from dimmer.control.filters import LowPass, Window, progressive_cut_w
 from dimmer.errors import InputError
 from dimmer.observation import Observation
 from dimmer.site import SiteModel, build_site
@@ -74,8 +74,8 @@ def _job_caps(site: SiteModel, rack_cap_w: np.ndarray) -> dict[str, float]:
 # -- filters -------------------------------------------------------------------------------------------------------
 
 
-def test_peak_hold_follows_the_recent_peak_and_ignores_nan() -> None:
-    hold = PeakHold(2, 3)
+def test_window_peak_follows_the_recent_peak_and_ignores_nan() -> None:
+    hold = Window(2, 3)
     out = [hold.update(np.array(v)) for v in ([1.0, np.nan], [5.0, np.nan], [2.0, 4.0], [1.0, 1.0], [1.0, 1.0])]
     assert [o[0] for o in out] == [1.0, 5.0, 5.0, 5.0, 2.0]
     assert np.isnan(out[0][1]) and out[2][1] == 4.0 and out[4][1] == 4.0

@@ -27,7 +27,7 @@ from pydantic import Field, ValidationError
 
 from dimmer.control import register
 from dimmer.control.allocation import grant, job_gpus_per_domain, priority_groups, shed
-from dimmer.control.filters import LowPass, PeakHold, progressive_cut_w
+from dimmer.control.filters import LowPass, Window, progressive_cut_w
 from dimmer.errors import from_validation_error
 from dimmer.observation import Actions, Observation, Reason
 from dimmer.site import SiteModel
@@ -45,7 +45,7 @@ class DimmerParams(Strict):
     period_s: float = Field(default=1.0, gt=0)  # nominal control period (the first step's dt)
     # capping
     soft_frac: float = Field(default=0.92, gt=0, lt=1)  # cuts start here (fraction of the rating in force)
-    release_frac: float = Field(default=0.88, gt=0, lt=1)  # caps rise only while the envelope is below this
+    release_frac: float = Field(default=0.90, gt=0, lt=1)  # caps rise only while the envelope is below this
     emergency_frac: float = Field(default=1.0, gt=0)  # envelope at this fraction of the rating: cut to soft at once
     thermal_emergency_frac: float = Field(default=0.5, gt=0, le=1)  # breaker thermal state (1 = trip)
     envelope_s: float = Field(default=10.0, gt=0)  # peak-hold window: several iterations of a 0.3-5 s swing
@@ -89,8 +89,8 @@ class DimmerController:
         self.job_rack = np.where(site.rack_job >= 0, site.rack_job, 0)
         self.safe_cap_w = max(gpu.min_cap_w, params.safe_cap_frac * gpu.rated_w)
         n_env = max(1, round(params.envelope_s / params.period_s))
-        self.domain_env = PeakHold(site.n_domains, n_env)
-        self.rack_env = PeakHold(site.n_racks, n_env)
+        self.domain_env = Window(site.n_domains, n_env)
+        self.rack_env = Window(site.n_racks, n_env)
         self.forecast = LowPass(params.forecast_tau_s)
         self.bus_mean = LowPass(params.bess_smoothing_s)
         self.rack_mean = LowPass(params.bbu_mean_tau_s)
@@ -121,6 +121,13 @@ class DimmerController:
         taper = float(np.clip((soc - b.soc_min_frac) / band, 0.0, 1.0))
         return discharge, discharge * taper, charge
 
+    def _rack_caps(self) -> FloatArray:
+        """Each rack's per-GPU cap: its job's, or rated for racks with no job."""
+        if not self.site.n_jobs:
+            return np.full(self.site.n_racks, self.site.gpu.rated_w)
+        out: FloatArray = np.where(self.site.rack_job >= 0, self.cap_w[self.job_rack], self.site.gpu.rated_w)
+        return out
+
     # -- the step --------------------------------------------------------------------------------------------------
 
     def step(self, obs: Observation) -> Actions:
@@ -137,8 +144,11 @@ class DimmerController:
         dom_ok = np.isfinite(obs.domain_power_w) & (obs.domain_age_s <= p.stale_s)
         domain_w = np.where(dom_ok, obs.domain_power_w, from_racks)
         pcc_ok = math.isfinite(obs.pcc_power_w) and obs.pcc_age_s <= p.stale_s
+        # the campus domain is the PCC: its meter and breaker carry the import, net of the battery behind it
+        bess_now_w = obs.bess_power_w if obs.bess_online and math.isfinite(obs.bess_power_w) else 0.0
+        domain_w[0] = obs.pcc_power_w if pcc_ok else from_racks[0] - bess_now_w
 
-        dom_env = self.domain_env.update(domain_w)
+        dom_peak = self.domain_env.update(domain_w)
         # the racks' own load (before their BBUs): what the GPUs draw, what the BBUs must follow
         load_ok = rack_ok & np.isfinite(obs.rack_load_w)
         load_w = np.where(load_ok, obs.rack_load_w, np.nan)
@@ -148,7 +158,7 @@ class DimmerController:
 
         # 1. grid shaping ---------------------------------------------------------------------------------------
         discharge_w, discharge_plan_w, charge_w = self._bess_room(obs)
-        bus_w = (obs.pcc_power_w + (obs.bess_power_w if obs.bess_online else 0.0)) if pcc_ok else float(domain_w[0])
+        bus_w = float(domain_w[0]) + bess_now_w
         ramp_step = site.ramp_limit_w_per_min / 60.0 * p.ramp_margin_frac * dt
         grid_cap = obs.pcc_limit_w * p.pcc_margin_frac
         bus_now_w = bus_w
@@ -160,6 +170,8 @@ class DimmerController:
             usable = (b.soc_max_frac - b.soc_min_frac) * b.energy_j
             soc_pull = (p.bess_soc_target_frac - obs.bess_soc_frac) * usable / p.bess_soc_recovery_s
             soc_pull = float(np.clip(soc_pull, -b.power_w, b.power_w))
+            if soc_pull > 0 and bool(np.any(self.cap_w < gpu.rated_w)):
+                soc_pull = 0.0  # recharge from surplus only, never with power a capped job could use
         prev = bus_w if self.grid_target_w is None else self.grid_target_w
         target = forecast + soc_pull
         if math.isfinite(ramp_step):
@@ -168,27 +180,41 @@ class DimmerController:
         self.grid_target_w = target
         gap = bus_w - target  # > 0: the battery must give; < 0: it must take
         bess_w = float(np.clip(gap, -charge_w, discharge_w))
-        # campus: the bus may carry the interconnect limit plus what the battery can plan to give
-        campus_limit = min(float(limit[0]), obs.pcc_limit_w + discharge_plan_w)
-        limit[0] = campus_limit
+        limit[0] = min(float(limit[0]), obs.pcc_limit_w)
         # cuts act on the latest reading (a job start must not wait for the battery's smoothing), releases on the mean
         grid_cut = max(max(gap, bus_now_w - target) - discharge_plan_w, 0.0)
         fill_w = max(-gap - charge_w, 0.0)
 
         # 2. progressive capping --------------------------------------------------------------------------------
+        # Breakers heat with I^2 t: below the campus each domain is held on the RMS of its load over recent
+        # iterations (a swing's peaks above the rating do not trip a thermal breaker, its mean square does). The
+        # interconnect limits the power itself, so the campus is held on its peak.
+        env = self.domain_env.rms()
+        env[0] = dom_peak[0] + bess_now_w - bess_w  # as it will be once the battery moves to its new setpoint
+        # Readings lag the caps: plan on the lower of what was measured and what the racks can draw under the caps
+        # in force now, or a cut already made would be made again every period until the readings catch up.
+        job_racks = site.rack_job >= 0
+        gpu_env = site.gpu_draw_for_rack_w(load_env)
+        under_caps = np.where(job_racks, site.rack_power_w(np.minimum(gpu_env, self._rack_caps())), load_env)
+        env = np.fmin(env, site.domain_load_w(under_caps))
         soft = p.soft_frac * limit
-        cut = progressive_cut_w(dom_env, soft, limit)
+        # at the PCC the battery holds the level up to the grid target's ceiling; caps dim only the rest
+        soft[0] = p.pcc_margin_frac * limit[0]
+        cut = progressive_cut_w(env, soft, limit)
         thermal = np.nan_to_num(obs.domain_thermal_frac, nan=0.0)
-        emergency = (dom_env >= p.emergency_frac * limit) | (thermal >= p.thermal_emergency_frac)
-        cut = np.where(emergency, np.maximum(cut, dom_env - soft), cut)
+        emergency = (env >= p.emergency_frac * limit) | (thermal >= p.thermal_emergency_frac)
+        cut = np.where(emergency, np.maximum(cut, env - soft), cut)
         cut[0] = max(cut[0], grid_cut)
-        headroom = np.maximum(p.release_frac * limit - dom_env, 0.0)
-        headroom[0] = min(headroom[0], max(-gap, 0.0))  # the campus may rise only as the grid target does
+        release = p.release_frac * limit
+        release[0] = soft[0] - 0.5 * (p.soft_frac - p.release_frac) * limit[0]
+        headroom = np.maximum(release - env, 0.0)
+        # the campus may rise as far as the grid target plus what the battery can plan to give: a long peak leans
+        # on the battery, and as its charge nears the reserve the plan tapers and the caps come back
+        headroom[0] = min(headroom[0], max(target + discharge_plan_w - bus_w, 0.0))
         headroom = np.where(cut > 0, 0.0, headroom)
 
         n_jobs = site.n_jobs
         if n_jobs:
-            gpu_env = site.gpu_draw_for_rack_w(load_env)
             job_peak = np.full(n_jobs, gpu.min_cap_w)
             np.maximum.at(job_peak, site.rack_job[self.running_rack], gpu_env[self.running_rack])
             effective = np.minimum(self.cap_w, np.maximum(job_peak, gpu.min_cap_w))
@@ -209,21 +235,20 @@ class DimmerController:
             new_cap = gpu.clamp_cap_w(new_cap)
             self._explain_caps(reasons, cut, emergency, new_cap, stale_job, unmet)
             self.cap_w = new_cap
-        rack_cap = np.where(site.rack_job >= 0, self.cap_w[self.job_rack] if n_jobs else gpu.rated_w, gpu.rated_w)
+        rack_cap = self._rack_caps()
         stale_rack = ~rack_ok | (not pcc_ok)
         rack_cap = np.where(stale_rack, np.minimum(rack_cap, self.safe_cap_w), rack_cap)
 
         # 3. trough filling -----------------------------------------------------------------------------------------
-        job_racks = site.rack_job >= 0
         n_fill = float(np.sum(site.rack_active_gpus[job_racks]))
-        release = self.floor_release_w_per_s * dt
+        floor_release = self.floor_release_w_per_s * dt
         if fill_w > 0 and n_fill > 0:
             lift = fill_w * self.eta / n_fill
             draw = site.gpu_draw_for_rack_w(rack_w)
             self.floor_w = np.where(job_racks, np.maximum(self.floor_w, draw) + lift, 0.0)
             reasons.append(Reason("trough", "demand falling faster than the grid may ramp down", value_w=fill_w))
         else:
-            self.floor_w = np.maximum(self.floor_w - release, 0.0)  # released at the ramp limit
+            self.floor_w = np.maximum(self.floor_w - floor_release, 0.0)  # released at the ramp limit
         floor = np.minimum(gpu.clamp_floor_w(self.floor_w), rack_cap)
 
         # 4. rack storage ---------------------------------------------------------------------------------------

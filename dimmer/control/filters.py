@@ -10,11 +10,12 @@ import numpy.typing as npt
 FloatArray = npt.NDArray[np.float64]
 
 
-class PeakHold:
-    """The largest value over the last `length` samples, per element; NaN samples are ignored.
+class Window:
+    """The last `length` samples of a vector, with NaN samples ignored; `update` returns the peak.
 
     The envelope of a swinging load: it follows the peaks of recent iterations, not the instantaneous value, so a
-    controller reading it does not chase the swing.
+    controller reading it does not chase the swing. `rms()` gives the root-mean-square over the same samples: what a
+    thermal breaker's heating (I^2 t) responds to.
     """
 
     def __init__(self, n: int, length: int) -> None:
@@ -24,8 +25,18 @@ class PeakHold:
     def update(self, x: FloatArray) -> FloatArray:
         self._buf[self._i] = x
         self._i = (self._i + 1) % self._buf.shape[0]
+        return self.peak()
+
+    def peak(self) -> FloatArray:
         valid = ~np.isnan(self._buf)
         out: FloatArray = np.where(valid.any(axis=0), np.max(np.where(valid, self._buf, -np.inf), axis=0), np.nan)
+        return out
+
+    def rms(self) -> FloatArray:
+        valid = ~np.isnan(self._buf)
+        count = valid.sum(axis=0)
+        sq = np.where(valid, self._buf, 0.0) ** 2
+        out: FloatArray = np.where(count > 0, np.sqrt(sq.sum(axis=0) / np.maximum(count, 1)), np.nan)
         return out
 
 
