@@ -219,12 +219,12 @@ def compare_png(results: Sequence[SimResult], path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from gridsim.report import _time_axis
+    from gridsim.report import time_axis
 
     rows = summaries(results)
     first = results[0]
     site = first.site
-    t, tlabel = _time_axis(first.t_s)
+    t, tlabel = time_axis(first.t_s)
     per_unit_s = float(first.t_s[-1] / t[-1]) if t.size and t[-1] > 0 else 1.0  # seconds per axis unit
     window = max(1, round(site.ramp_window_s / first.tick_s))
     base_mw = site.pcc_limit_w / 1e6

@@ -14,7 +14,7 @@ import numpy as np
 from gridsim.engine import SimResult
 
 
-def _time_axis(t_s: np.ndarray) -> tuple[np.ndarray, str]:
+def time_axis(t_s: np.ndarray) -> tuple[np.ndarray, str]:
     span = float(t_s[-1]) if t_s.size else 0.0
     if span > 3 * 3600:
         return t_s / 3600, "time [h]"
@@ -25,7 +25,7 @@ def _time_axis(t_s: np.ndarray) -> tuple[np.ndarray, str]:
 
 def overview_png(res: SimResult, path: Path) -> None:
     """One page a person reads at a glance: grid vs limits, frequency, storage, and what the jobs got."""
-    t, tlabel = _time_axis(res.t_s)
+    t, tlabel = time_axis(res.t_s)
     fig, axes = plt.subplots(4, 1, figsize=(11, 12), sharex=True, constrained_layout=True)
     s = res.summary
 
@@ -54,7 +54,7 @@ def overview_png(res: SimResult, path: Path) -> None:
     ax.grid(alpha=0.3)
 
     ax = axes[2]
-    tp, _ = _time_axis(res.period_t_s)
+    tp, _ = time_axis(res.period_t_s)
     if res.site.bess.energy_j > 0:
         ax.plot(t, res.tick["bess_soc_frac"] * 100, color="C1", label="campus BESS")
         ax.axhline(res.site.bess.soc_min_frac * 100, color="C1", ls=":", lw=1)

@@ -44,10 +44,12 @@ class DimmerParams(Strict):
 
     period_s: float = Field(default=1.0, gt=0)  # nominal control period (the first step's dt)
     # capping
-    soft_frac: float = Field(default=0.92, gt=0, lt=1)  # cuts start here (fraction of the rating in force)
-    release_frac: float = Field(default=0.90, gt=0, lt=1)  # caps rise only while the envelope is below this
+    soft_frac: float = Field(default=0.95, gt=0, lt=1)  # cuts start here (fraction of the rating in force)
+    release_frac: float = Field(default=0.93, gt=0, lt=1)  # caps rise only while the envelope is below this
     emergency_frac: float = Field(default=1.0, gt=0)  # envelope at this fraction of the rating: cut to soft at once
-    thermal_emergency_frac: float = Field(default=0.5, gt=0, le=1)  # breaker thermal state (1 = trip)
+    # breaker thermal state (1 = trip) that triggers the emergency path: 0.9 is a sustained ~1.09 x rating on a
+    # k = 1.15 breaker; a steady load at the soft threshold sits near 0.7
+    thermal_emergency_frac: float = Field(default=0.9, gt=0, le=1)
     envelope_s: float = Field(default=10.0, gt=0)  # peak-hold window: several iterations of a 0.3-5 s swing
     cap_rise_w_per_s: float = Field(default=20.0, gt=0)  # per GPU: caps rise slowly (GB300: 1.4 % of rated a second)
     # grid shaping
@@ -64,6 +66,7 @@ class DimmerParams(Strict):
     bess_reserve_frac: float = Field(default=0.15, ge=0, le=1)  # SoC band above the minimum where reliance tapers
     # trough filling
     floor_release_w_per_s: float | None = Field(default=None, gt=0)  # per GPU; default: the ramp limit spread out
+    fill_deadband_frac: float = Field(default=0.005, ge=0, le=0.2)  # of the interconnect limit: smaller falls pass
     # rack storage
     bbu_mean_tau_s: float = Field(default=20.0, gt=0)
     bbu_soc_target_frac: float = Field(default=0.8, ge=0, le=1)
@@ -99,6 +102,7 @@ class DimmerController:
         self.cap_w = np.full(site.n_jobs, gpu.rated_w)
         self.floor_w = np.zeros(site.n_racks)
         self.grid_target_w: float | None = None
+        self.excess_j = 0.0  # leaky integral (time constant: the ramp window) of load above what the grid may take
         self.t_last_s: float | None = None
         all_gpus = float(np.sum(site.rack_active_gpus[site.rack_job >= 0])) or 1.0
         ramp_w_per_s = site.ramp_limit_w_per_min / 60.0
@@ -181,8 +185,14 @@ class DimmerController:
         gap = bus_w - target  # > 0: the battery must give; < 0: it must take
         bess_w = float(np.clip(gap, -charge_w, discharge_w))
         limit[0] = min(float(limit[0]), obs.pcc_limit_w)
-        # cuts act on the latest reading (a job start must not wait for the battery's smoothing), releases on the mean
-        grid_cut = max(max(gap, bus_now_w - target) - discharge_plan_w, 0.0)
+        # The utility's ramp is measured on window means, so a load above the grid target is cut only once its excess
+        # over the ramp window would use up the slack the margin keeps (a slow swing around the level passes; a job
+        # start is cut within a second or two). The cut acts on the latest reading, not the smoothed one.
+        over_w = bus_now_w - target - discharge_plan_w
+        window = site.ramp_window_s
+        self.excess_j = self.excess_j * math.exp(-dt / window) + max(over_w, 0.0) * dt
+        slack_w = (1.0 - p.ramp_margin_frac) * site.ramp_limit_w_per_min * window / 60.0
+        grid_cut = max(over_w, 0.0) if self.excess_j / window > slack_w else 0.0
         fill_w = max(-gap - charge_w, 0.0)
 
         # 2. progressive capping --------------------------------------------------------------------------------
@@ -210,14 +220,19 @@ class DimmerController:
         headroom = np.maximum(release - env, 0.0)
         # the campus may rise as far as the grid target plus what the battery can plan to give: a long peak leans
         # on the battery, and as its charge nears the reserve the plan tapers and the caps come back
-        headroom[0] = min(headroom[0], max(target + discharge_plan_w - bus_w, 0.0))
+        # (the grid target follows the load the caps allow, so the campus may also rise one ramp step a period)
+        ramp_allow = ramp_step if math.isfinite(ramp_step) else math.inf
+        headroom[0] = min(headroom[0], max(target + ramp_allow + discharge_plan_w - forecast, 0.0))
         headroom = np.where(cut > 0, 0.0, headroom)
 
         n_jobs = site.n_jobs
         if n_jobs:
             job_peak = np.full(n_jobs, gpu.min_cap_w)
             np.maximum.at(job_peak, site.rack_job[self.running_rack], gpu_env[self.running_rack])
-            effective = np.minimum(self.cap_w, np.maximum(job_peak, gpu.min_cap_w))
+            # A capped job is cut from its cap. Readings are window means, which understate a fast swing's peak, so
+            # cutting a capped job from its mean reading would drop the cap below the peak it was holding and cut far
+            # more than asked; an uncapped job is cut from its highest reading.
+            effective = np.where(self.cap_w < gpu.rated_w, self.cap_w, np.minimum(gpu.rated_w, job_peak))
             room = np.maximum(effective - gpu.min_cap_w, 0.0)
             reduction, unmet = shed(cut, self.gpus, room, self.groups, self.eta)
             new_cap = np.where(reduction > 0, effective - reduction, self.cap_w)
@@ -240,16 +255,29 @@ class DimmerController:
         rack_cap = np.where(stale_rack, np.minimum(rack_cap, self.safe_cap_w), rack_cap)
 
         # 3. trough filling -----------------------------------------------------------------------------------------
-        n_fill = float(np.sum(site.rack_active_gpus[job_racks]))
+        # Fill only under domains with room: a floor on a rack whose breaker is being relieved would burn energy
+        # against its own cap. Domains with a cut (the campus aside, whose cut is the grid's) exclude their racks.
+        # Nor on a running job that is capped: there a floor only lifts the swing's troughs toward the cap, burning
+        # energy against the cut that made the fall. A crashed, stopped or idle job's racks may be filled.
+        cutting = cut > 0
+        cutting[0] = False
+        draw_now = site.gpu_draw_for_rack_w(rack_w)
+        capped_running = np.zeros(site.n_racks, dtype=bool)
+        if n_jobs:
+            job_held = obs.job_running & (self.cap_w < gpu.rated_w)
+            capped_running = job_racks & job_held[self.job_rack]
+        fillable = job_racks & ~capped_running & ~(site.incidence.T @ cutting.astype(np.float64) > 0)
+        n_fill = float(np.sum(site.rack_active_gpus[fillable]))
         floor_release = self.floor_release_w_per_s * dt
-        if fill_w > 0 and n_fill > 0:
+        if fill_w > p.fill_deadband_frac * obs.pcc_limit_w and n_fill > 0:
             lift = fill_w * self.eta / n_fill
-            draw = site.gpu_draw_for_rack_w(rack_w)
-            self.floor_w = np.where(job_racks, np.maximum(self.floor_w, draw) + lift, 0.0)
+            released = np.maximum(self.floor_w - floor_release, 0.0)
+            self.floor_w = np.where(fillable, np.maximum(self.floor_w, draw_now) + lift, released)
             reasons.append(Reason("trough", "demand falling faster than the grid may ramp down", value_w=fill_w))
         else:
             self.floor_w = np.maximum(self.floor_w - floor_release, 0.0)  # released at the ramp limit
-        floor = np.minimum(gpu.clamp_floor_w(self.floor_w), rack_cap)
+        self.floor_w = np.minimum(self.floor_w, rack_cap)  # a floor never holds a GPU above its cap
+        floor = gpu.clamp_floor_w(self.floor_w)
 
         # 4. rack storage ---------------------------------------------------------------------------------------
         rs = site.rack_storage
