@@ -1,0 +1,110 @@
+"""The dimmer controller under arbitrary observation sequences: it never raises, caps stay in the GPU's range,
+floors stay under caps, and a rack whose telemetry is stale never has its cap raised."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dimmer.control import make_controller
+from dimmer.observation import Observation
+from dimmer.site import SiteModel, build_site
+from dimmer.siteconfig import JobPlacementSpec, LevelSpec, PccSpec, SiteSpec
+
+
+def _site(rows: int, racks: int, n_jobs: int, bess_mw: float) -> SiteModel:
+    spec = SiteSpec(
+        pcc=PccSpec(limit_mw=0.12 * rows * racks, ramp_mw_per_min=1.0),
+        spare_rack_frac=0.0,
+        levels=[LevelSpec(level="row", count=rows, rating_kw=110 * racks), LevelSpec(level="rack", count=racks)],
+        storage={"bess": {"power_mw": bess_mw, "energy_mwh": bess_mw}},  # type: ignore[arg-type]
+    )
+    n = rows * racks
+    bounds = np.linspace(0, n, n_jobs + 1).round().astype(int)
+    jobs = [
+        JobPlacementSpec(name=f"j{i}", priority=i % 3, racks=(int(bounds[i]), int(bounds[i + 1])))
+        for i in range(n_jobs)
+        if bounds[i + 1] > bounds[i]
+    ]
+    return build_site(spec, jobs)
+
+
+floats = st.one_of(st.just(math.nan), st.floats(min_value=-1e3, max_value=1e9))
+
+
+@st.composite
+def scenario(draw: st.DrawFn) -> tuple[SiteModel, list[dict[str, Any]]]:
+    site = _site(
+        draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(0, 3)), draw(st.sampled_from([0.0, 0.3]))
+    )
+    steps = []
+    for _ in range(draw(st.integers(1, 25))):
+        n, d = site.n_racks, site.n_domains
+        steps.append(
+            {
+                "gpu_w": np.array(draw(st.lists(floats, min_size=n, max_size=n))),
+                "age_s": np.array(draw(st.lists(st.sampled_from([0.5, 1.0, 30.0, math.inf]), min_size=n, max_size=n))),
+                "domain_nan": draw(st.booleans()),
+                "pcc_nan": draw(st.booleans()),
+                "thermal": draw(st.floats(0.0, 1.2)),
+                "limit_scale": draw(st.floats(0.3, 1.2)),
+                "soc": draw(st.one_of(st.just(math.nan), st.floats(0.0, 1.0))),
+                "dt": draw(st.sampled_from([0.5, 1.0, 3.0])),
+                "d": d,
+            }
+        )
+    return site, steps
+
+
+def _obs(site: SiteModel, t: float, s: dict[str, Any]) -> Observation:
+    rack = s["gpu_w"]
+    dom = site.domain_load_w(np.nan_to_num(rack))
+    return Observation(
+        t_s=t,
+        rack_power_w=rack,
+        rack_load_w=rack,
+        rack_age_s=s["age_s"],
+        rack_cap_w=np.full(site.n_racks, site.gpu.rated_w),
+        rack_floor_w=np.zeros(site.n_racks),
+        rack_bbu_soc_frac=np.full(site.n_racks, s["soc"]),
+        rack_energized=np.ones(site.n_racks, dtype=bool),
+        domain_power_w=np.full(site.n_domains, np.nan) if s["domain_nan"] else dom,
+        domain_age_s=np.ones(site.n_domains),
+        domain_limit_w=site.domain_rating_w * s["limit_scale"],
+        domain_thermal_frac=np.full(site.n_domains, s["thermal"]),
+        pcc_power_w=math.nan if s["pcc_nan"] else float(dom[0]),
+        pcc_age_s=1.0,
+        pcc_limit_w=site.pcc_limit_w * s["limit_scale"],
+        ramp_limit_w_per_min=site.ramp_limit_w_per_min,
+        grid_freq_hz=50.0,
+        bess_soc_frac=s["soc"],
+        bess_power_w=0.0,
+        bess_online=site.bess.energy_j > 0,
+        job_running=np.ones(site.n_jobs, dtype=bool),
+    )
+
+
+@given(scenario())
+def test_controller_invariants_under_arbitrary_observations(case: tuple[SiteModel, list[dict[str, Any]]]) -> None:
+    site, steps = case
+    ctrl = make_controller("dimmer", site)
+    gpu = site.gpu
+    t = 0.0
+    prev_cap = np.full(site.n_racks, gpu.rated_w)
+    for s in steps:
+        t += s["dt"]
+        act = ctrl.step(_obs(site, t, s))
+        cap, floor = act.rack_cap_w, act.rack_floor_w
+        assert np.all(np.isfinite(cap)) and np.all(np.isfinite(floor))
+        assert np.all(cap >= gpu.min_cap_w) and np.all(cap <= gpu.rated_w)
+        assert np.all(floor >= 0) and np.all(floor <= cap + 1e-9)
+        assert np.all(floor <= gpu.floor_max_frac * gpu.rated_w + 1e-9)
+        assert math.isfinite(act.bess_setpoint_w) and abs(act.bess_setpoint_w) <= site.bess.power_w + 1e-6
+        stale = ~np.isfinite(s["gpu_w"]) | (s["age_s"] > 5.0) | s["pcc_nan"]
+        assert np.all(cap[stale] <= prev_cap[stale] + 1e-9), "a stale rack's cap was raised"
+        assert np.all(cap[stale] <= 0.6 * gpu.rated_w + 1e-9) or gpu.min_cap_w > 0.6 * gpu.rated_w
+        prev_cap = cap
