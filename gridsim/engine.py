@@ -23,6 +23,7 @@ from dimmer.control import Controller, make_controller
 from dimmer.observation import Actions, Observation
 from dimmer.site import SiteModel
 from gridsim.events import job_mask, pcc_schedule
+from gridsim.faults import Faults, Telemetry
 from gridsim.plant.breakers import BreakerBank
 from gridsim.plant.gpu import GpuBank
 from gridsim.plant.grid import FrequencyModel, FrequencyReplay, load_frequency_csv
@@ -132,6 +133,7 @@ class Simulation:
         self.n_ticks = sc.n_ticks
         self.ticks_per_period = round(sc.engine.control_period_s / self.dt)
         self.pcc = pcc_schedule(site, sc.events)
+        self.faults = Faults(site, list(sc.events))
 
         # Rack -> AC power is affine in the per-GPU draw: rack_w = gain * draw + fixed.
         zero = site.rack_power_w(np.zeros(site.n_racks))
@@ -184,22 +186,29 @@ class Simulation:
             self.rack_last_ok_s[~lost] = t_s
         else:
             self.rack_last_ok_s[:] = t_s
+        dark = self.faults.racks_dark(t_s)
+        if dark is not None:  # host agents down: their racks' readings stop arriving
+            rack_w[dark] = np.nan
+            load_w[dark] = np.nan
+            self.rack_last_ok_s[dark & (self.rack_last_ok_s == t_s)] = t_s - self.sc.engine.control_period_s
         age = t_s - self.rack_last_ok_s + tel.delay_s
+        seen = Telemetry(rack_w, load_w, age, domain_w, np.full(site.n_domains, tel.delay_s), grid_w, tel.delay_s)
+        self.faults.telemetry(t_s, seen)
         return Observation(
             t_s=t_s,
-            rack_power_w=rack_w,
-            rack_load_w=load_w,
-            rack_age_s=age,
+            rack_power_w=seen.rack_w,
+            rack_load_w=seen.load_w,
+            rack_age_s=seen.rack_age_s,
             rack_cap_w=self.gpus.cap_w.copy(),
             rack_floor_w=self.gpus.floor_w.copy(),
             rack_bbu_soc_frac=self.bbus.soc_frac.copy(),
             rack_energized=self.breakers.rack_energized(),
-            domain_power_w=domain_w,
-            domain_age_s=np.full(site.n_domains, tel.delay_s),
+            domain_power_w=seen.domain_w,
+            domain_age_s=seen.domain_age_s,
             domain_limit_w=self.breakers.rating_w.copy(),
             domain_thermal_frac=self.breakers.thermal_frac(),
-            pcc_power_w=grid_w,
-            pcc_age_s=tel.delay_s,
+            pcc_power_w=seen.pcc_w,
+            pcc_age_s=seen.pcc_age_s,
             pcc_limit_w=self.pcc.at(t_s),
             ramp_limit_w_per_min=site.ramp_limit_w_per_min,
             grid_freq_hz=freq_hz,
@@ -301,14 +310,16 @@ class Simulation:
                 t0 = time.perf_counter()
                 act = self.ctrl.step(obs)
                 step_ms[p] = (time.perf_counter() - t0) * 1e3
-                if latency > 0:
-                    pending.append((t + latency, act))
+                act, fault_delay = self.faults.actuation(t, act)
+                if latency + fault_delay > 0:
+                    pending.append((t + latency + fault_delay, act))
                 else:
                     self.apply(t, act)
             while pending and pending[0][0] <= t + 1e-9:
                 self.apply(t, pending.popleft()[1])
 
             # plant
+            self.faults.storage(t, self.trays, self.bbus, self.bess)
             self.workload.advance(dt, job_speed, self.job_suspend, energized)
             demand = self.workload.rack_demand_w()
             draw = self.gpus.step(t, dt, demand, energized)
@@ -320,6 +331,8 @@ class Simulation:
             domain_w = site.domain_load_w(grid_rack_w)
             campus_w = float(domain_w[0])
             grid_w = campus_w - bess_w
+            if self.faults.faults and self.faults.islanded(t):
+                grid_w = 0.0  # on backup power: the racks run, the grid sees nothing
             # The campus domain is the PCC: the battery sits behind it, so its breaker and meter carry the net import.
             domain_w[0] = grid_w
             tripped = self.breakers.step(t, dt, domain_w)
@@ -392,6 +405,7 @@ class Simulation:
             "bbu_loss_j": float(np.sum(self.bbus.loss_j)),
             "tray_energy_in_j": float(np.sum(self.trays.energy_in_j)),
             "tray_energy_out_j": float(np.sum(self.trays.energy_out_j)),
+            "bbu_fault_drained_j": self.faults.drained_j,
         }
         trips = [(float(ts), site.domain_name[d]) for ts, d in self.breakers.trip_log]
         return SimResult(

@@ -102,8 +102,70 @@ class DerateEvent(_Event):
     factor: float = Field(gt=0, le=1)
 
 
+class _Fault(_Event):
+    """A fault from `at_s` for `duration_s` (for ever by default) on what lies under `domain`."""
+
+    duration_s: float = Field(default=math.inf, gt=0)
+    domain: str = "campus"
+
+
+class TelemetryFault(_Fault):
+    """Readings that lie or vanish: the PCC meter, one domain's meter, or the rack readings under a domain.
+
+    stale: the last value, growing older; stuck: the last value, reported as fresh; nan: no value;
+    spike: the true value times `factor`; drift: the true value times 1 + `factor` per hour since the fault began.
+    """
+
+    kind: Literal["telemetry"]
+    target: Literal["pcc", "meter", "racks"]
+    mode: Literal["stale", "stuck", "nan", "spike", "drift"]
+    factor: float = 2.0
+
+
+class ActuationFault(_Fault):
+    """Commands that do not arrive for the racks under `domain`.
+
+    lost: cap, floor and BBU writes never arrive; ignored: the GPUs refuse new caps and floors (firmware), BBU
+    settings still arrive; delayed: every command arrives `delay_s` late; agent_down: the host agents are down, so
+    writes are lost and the racks' readings vanish.
+    """
+
+    kind: Literal["actuation"]
+    mode: Literal["lost", "ignored", "delayed", "agent_down"]
+    delay_s: float = Field(default=10.0, ge=0)
+
+
+class StorageFault(_Fault):
+    """Storage that fails.
+
+    bess_offline: the campus battery trips offline; bbu_failed: the BBUs under `domain` give no power; bbu_empty:
+    they are drained to their reserve at `at_s`; trays_disabled: the capacitor trays under `domain` do nothing.
+    """
+
+    kind: Literal["storage"]
+    mode: Literal["bess_offline", "bbu_failed", "bbu_empty", "trays_disabled"]
+
+
+class BackupTransferEvent(_Event):
+    """The whole campus transfers to backup power and back (2024: ~1,500 MW of data-center load left the grid).
+
+    For `duration_s` the racks run from backup and the grid sees no import; then the load returns at once.
+    """
+
+    kind: Literal["backup_transfer"]
+    duration_s: float = Field(gt=0)
+
+
 Event = Annotated[
-    CurtailEvent | FrequencyReplayEvent | FrequencyStepEvent | JobEvent | DerateEvent,
+    CurtailEvent
+    | FrequencyReplayEvent
+    | FrequencyStepEvent
+    | JobEvent
+    | DerateEvent
+    | TelemetryFault
+    | ActuationFault
+    | StorageFault
+    | BackupTransferEvent,
     Field(discriminator="kind"),
 ]
 
@@ -240,7 +302,7 @@ def check_references(loaded: LoadedScenario) -> None:
             unknown = [n for n in ev.jobs if n not in names]
             if unknown:
                 raise InputError(loaded.source, f"{key}.jobs", f"names of jobs in the scenario (not {unknown[0]!r})")
-        elif isinstance(ev, DerateEvent):
+        elif isinstance(ev, DerateEvent | _Fault):
             if ev.domain not in site.domain_name:
                 raise InputError(loaded.source, f"{key}.domain", f"a domain of the site (not {ev.domain!r})")
         elif isinstance(ev, FrequencyReplayEvent) and not loaded.resolve(ev.path).is_file():

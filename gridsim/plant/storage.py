@@ -56,6 +56,11 @@ class CapacitorTrays:
         self._decay = 0.0
         self._tmp: FloatArray = np.zeros_like(self.energy_j)
 
+    def set_power_max_w(self, power_w: FloatArray) -> None:
+        """Change each tray's power limit (0 disables a tray: a fault)."""
+        self.power_max_w[:] = power_w
+        np.negative(self.power_max_w, out=self._neg_power_w)
+
     def step(self, dt_s: float, rack_w: FloatArray, energized: BoolArray | None = None) -> FloatArray:
         """Advance by dt_s with the rack loads `rack_w` (W); return each rack's draw from upstream (W).
 
