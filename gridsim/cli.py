@@ -41,9 +41,24 @@ def _parser() -> argparse.ArgumentParser:
                      help="override a scenario key, e.g. --set duration_s=600")  # fmt: skip
     cmp.add_argument("--quiet", action="store_true", help="print nothing but errors")
 
+    swp = sub.add_parser("sweep", help="run one scenario over a grid of overrides (all cores, or a Dask cluster); "
+                         "write results.csv/.parquet, a figure per metric and sweep.md")  # fmt: skip
+    swp.add_argument("sweep", type=Path, help="the sweep file (TOML): scenario, set, [grid]")
+    swp.add_argument("--out", type=Path, help="output directory (default: out/<sweep>-sweep); a re-run resumes")
+    swp.add_argument("--dask", metavar="ADDRESS", help="submit the runs to the dask.distributed scheduler at ADDRESS")
+    swp.add_argument("--workers", type=int, help="local worker processes (default: every core)")
+    swp.add_argument("--quiet", action="store_true", help="print nothing but errors")
+
     val = sub.add_parser("validate", help="check a scenario file and say what it describes")
     val.add_argument("scenario", type=Path)
     val.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+
+    dsc = sub.add_parser("describe", help="print the site, its ratings and oversubscription, the storage, the jobs "
+                         "and the events of a scenario")  # fmt: skip
+    dsc.add_argument("scenario", type=Path)
+    dsc.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+
+    sub.add_parser("schema", help="print the JSON Schema of a scenario file (for editors)")
     return p
 
 
@@ -124,14 +139,97 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sweep_progress(done: int, total: int) -> None:
+    frac = done / total if total else 1.0
+    bar = "#" * int(frac * 40)
+    sys.stderr.write(f"\r{done}/{total} runs [{bar:<40}] {frac * 100:5.1f} %")
+    if done >= total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from gridsim.compare import check_out_dir
+    from gridsim.sweep import (
+        FIGURE_METRICS,
+        answers,
+        connect,
+        parquet_available,
+        plan_sweep,
+        result_rows,
+        run_sweep,
+        write_sweep,
+    )
+
+    # everything is checked, and the cluster reached, before anything runs or is written
+    if args.workers is not None and args.workers < 1:
+        raise InputError("--workers", str(args.workers), "a whole number of processes, at least 1")
+    if args.workers is not None and args.dask is not None:
+        raise InputError("--workers", str(args.workers), "not with --dask (the cluster has its own workers)")
+    plan = plan_sweep(args.sweep)
+    out = args.out or Path("out") / f"{plan.name}-sweep"
+    check_out_dir(out)
+    client = connect(args.dask)
+    try:
+        outcome = run_sweep(
+            plan, out, workers=args.workers, client=client, progress=None if args.quiet else _sweep_progress
+        )
+    finally:
+        if client is not None:
+            client.close()
+    n = len(plan.points)
+    if outcome.failed:
+        run, err = outcome.failed[0]
+        sys.stderr.write(
+            f"gridsim: {len(outcome.failed)} of {n} runs failed; the {len(outcome.summaries)} that finished are in "
+            f"{out}/runs and a re-run resumes (first: run {run}, {err})\n"
+        )
+        return 1
+    write_sweep(plan, outcome, out)
+    if not args.quiet:
+        for line in answers(plan, result_rows(plan, outcome.summaries)):
+            print(line)
+        print(
+            f"{n} runs: {len(outcome.ran)} ran, {len(outcome.reused)} reused, {outcome.wall_s:.1f} s wall on "
+            f"{outcome.where}"
+        )
+        parquet = (
+            "results.parquet (pyarrow)" if parquet_available() else "no results.parquet (pyarrow is not installed)"
+        )
+        print(
+            f"wrote {out}/results.csv, {parquet}, sweep.md, figures/ ({len(FIGURE_METRICS)} PNG), "
+            f"runs/<id>/summary.json ({n})"
+        )
+    return 0
+
+
+def _cmd_describe(args: argparse.Namespace) -> int:
+    from gridsim.describe import describe
+    from gridsim.scenario import load_scenario
+
+    sys.stdout.write(describe(load_scenario(args.scenario, args.overrides)))
+    return 0
+
+
+def _cmd_schema(args: argparse.Namespace) -> int:
+    from gridsim.describe import scenario_schema
+
+    print(json.dumps(scenario_schema(), indent=2, allow_nan=False))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    commands = {
+        "validate": _cmd_validate,
+        "compare": _cmd_compare,
+        "sweep": _cmd_sweep,
+        "describe": _cmd_describe,
+        "schema": _cmd_schema,
+        "run": _cmd_run,
+    }
     try:
-        if args.command == "validate":
-            return _cmd_validate(args)
-        if args.command == "compare":
-            return _cmd_compare(args)
-        return _cmd_run(args)
+        return commands[args.command](args)
     except InputError as exc:
         sys.stderr.write(f"gridsim: {exc}\n")
         return 2

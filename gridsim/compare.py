@@ -6,7 +6,9 @@ for the scenario; `write_compare` writes, all or nothing,
     compare.json   a list of summary dicts, one per controller, exactly the summary.json contract
     compare.csv    one row per controller, the contract's keys as columns
     compare.png    one row per controller: grid import against the interconnect limit, with the key metrics
-    compare.md     a side-by-side table of the key metrics and the figure
+    compare_pareto.png  goodput lost against in-band oscillation, energy overhead as marker colour and size, one
+                   labelled point per controller, those that broke a limit marked apart, the Pareto front drawn
+    compare.md     a side-by-side table of the key metrics and the figures
 
 matplotlib is imported inside `compare_png` only.
 """
@@ -36,7 +38,7 @@ FloatArray = npt.NDArray[np.float64]
 # controller name, its index in the run order, the number of controllers, the fraction of its run done
 CompareProgress = Callable[[str, int, int, float], None]
 
-FILES = ("compare.json", "compare.csv", "compare.png", "compare.md")
+FILES = ("compare.json", "compare.csv", "compare.png", "compare_pareto.png", "compare.md")
 
 # The metrics compare.md puts side by side: summary key and the row label (with its unit).
 KEY_METRICS: tuple[tuple[str, str], ...] = (
@@ -147,11 +149,11 @@ def compare_csv(rows: Sequence[dict[str, Any]]) -> str:
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(SUMMARY_KEYS)
     for row in rows:
-        writer.writerow([_csv_cell(row[k]) for k in SUMMARY_KEYS])
+        writer.writerow([csv_cell(row[k]) for k in SUMMARY_KEYS])
     return buf.getvalue()
 
 
-def _csv_cell(v: Any) -> str:
+def csv_cell(v: Any) -> str:
     if v is None:
         return ""
     if isinstance(v, list | tuple | dict):
@@ -175,7 +177,94 @@ def compare_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def compare_md(results: Sequence[SimResult], figure: str) -> str:
+def holds_limits(s: dict[str, Any]) -> bool:
+    """No breaker trip, never over the interconnect limit, never over the ramp limit."""
+    return not (s["breaker_trips"] or s["pcc_overlimit_s"] > 0 or s["ramp_violation_s"] > 0)
+
+
+def pareto_front(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Controllers that hold the limits and that no other such controller beats on both goodput lost and band
+    RMS (lower is better on both), in order of goodput lost."""
+    held = [s for s in rows if holds_limits(s)]
+    front = [
+        s
+        for s in held
+        if not any(
+            o["goodput_loss_power_pct"] <= s["goodput_loss_power_pct"]
+            and o["band_rms_mw"] <= s["band_rms_mw"]
+            and (o["goodput_loss_power_pct"] < s["goodput_loss_power_pct"] or o["band_rms_mw"] < s["band_rms_mw"])
+            for o in held
+        )
+    ]
+    return [s["controller"] for s in sorted(front, key=lambda s: (s["goodput_loss_power_pct"], s["band_rms_mw"]))]
+
+
+def compare_pareto_png(rows: Sequence[dict[str, Any]], path: Path, title: str = "") -> None:
+    """Goodput lost (x) against band RMS of grid import (y), one labelled point per controller; energy overhead
+    as colour and size; a circle where every limit held, a cross where one was broken; the Pareto front of the
+    controllers that held the limits as a step line; demand's band RMS (what no control would show) dashed."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    x = np.asarray([s["goodput_loss_power_pct"] for s in rows], dtype=np.float64)
+    y = np.asarray([s["band_rms_mw"] for s in rows], dtype=np.float64)
+    e = np.asarray([s["energy_overhead_pct"] for s in rows], dtype=np.float64)
+    held = np.asarray([holds_limits(s) for s in rows], dtype=bool)
+    e_hi = max(float(e.max()), 1e-9)
+    size = 70 + 430 * e / e_hi
+
+    fig = Figure(figsize=(9, 6.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    sc = None
+    for mask, marker in ((held, "o"), (~held, "X")):
+        if mask.any():
+            sc = ax.scatter(x[mask], y[mask], s=size[mask], c=e[mask], cmap="viridis", vmin=0.0, vmax=e_hi,
+                            marker=marker, edgecolors="C3" if marker == "X" else "black", linewidths=1.2,
+                            zorder=3)  # fmt: skip
+    if sc is not None:
+        fig.colorbar(sc, ax=ax, label="energy overhead [%] (also marker size)")
+    front = pareto_front(rows)
+    if len(front) > 1:
+        pts = sorted((s["goodput_loss_power_pct"], s["band_rms_mw"]) for s in rows if s["controller"] in front)
+        fx, fy = zip(*pts, strict=True)
+        ax.step(fx, fy, where="post", color="C2", lw=1.5, ls="-", zorder=2)
+    base = next((s for s in rows if s["controller"] == "none"), rows[0])
+    ax.axhline(base["demand_band_rms_mw"], color="0.5", ls="--", lw=1.0, zorder=1)
+    span_x = float(x.max() - x.min()) or 1.0
+    span_y = float(max(y.max(), base["demand_band_rms_mw"])) or 1.0
+    anchors: list[list[int]] = []  # clusters of points that (nearly) coincide: their names are stacked
+    for i, s in enumerate(rows):
+        cluster = next(
+            (c for c in anchors if abs(x[c[0]] - x[i]) < 0.04 * span_x and abs(y[c[0]] - y[i]) < 0.05 * span_y), None
+        )
+        if cluster is None:
+            cluster = []
+            anchors.append(cluster)
+        cluster.append(i)
+        a = cluster[0]
+        ax.annotate(s["controller"], (x[a], y[a]), xytext=(11, 4 + 11 * (len(cluster) - 1)), textcoords="offset points",
+                    fontsize=9, fontweight="bold" if s["controller"] in front else "normal",
+                    color="black" if held[i] else "C3")  # fmt: skip
+    ax.set_xlim(float(x.min()) - 0.08 * span_x, float(x.max()) + 0.25 * span_x)
+    y_top = max(float(y.max()), float(base["demand_band_rms_mw"]))
+    ax.set_ylim(0.0, 1.12 * y_top if y_top > 0 else 1.0)
+    ax.set_xlabel("goodput lost to power management [%]  (goodput_loss_power_pct)")
+    ax.set_ylabel("band RMS of grid import [MW]  (band_rms_mw)")
+    ax.grid(alpha=0.3)
+    legend = [
+        Line2D([], [], marker="o", ls="", mfc="0.8", mec="black", ms=9, label="every limit held"),
+        Line2D([], [], marker="X", ls="", mfc="0.8", mec="C3", ms=9, label="a limit broken (trip, limit or ramp)"),
+        Line2D([], [], color="C2", lw=1.5, label="Pareto front of those that held (bold names)"),
+        Line2D([], [], color="0.5", ls="--", lw=1.0, label="band RMS of demand (no control, no storage)"),
+    ]
+    ax.legend(handles=legend, loc="upper right", fontsize=8, framealpha=0.9)
+    ax.set_title(title or "goodput lost against in-band oscillation; lower left is better", fontsize=11)
+    fig.savefig(path, dpi=100)
+
+
+def compare_md(results: Sequence[SimResult], figure: str, pareto: str | None = None) -> str:
     from gridsim.report import verdict
 
     rows = summaries(results)
@@ -194,6 +283,16 @@ def compare_md(results: Sequence[SimResult], figure: str) -> str:
         f"{verdicts}\n{header}{body}\n"
         f"Every key of `summary.json` for every controller is in `compare.json` and `compare.csv`.\n\n"
         f"![grid import of every controller]({figure})\n"
+        + (
+            f"\n## Goodput against oscillation\n\n"
+            f"What each controller pays (goodput lost to power management, across) for the oscillation it leaves in "
+            f"the critical band (band RMS of grid import, up); colour and size are the energy overhead, a cross marks "
+            f"a controller that broke a limit. Pareto front of the controllers that held the limits: "
+            f"{', '.join(f'`{n}`' for n in pareto_front(rows)) or 'none held them'}.\n\n"
+            f"![goodput lost against band RMS]({pareto})\n"
+            if pareto
+            else ""
+        )
     )
 
 
@@ -297,7 +396,13 @@ def write_compare(results: Sequence[SimResult], out_dir: Path) -> list[Path]:
         (stage / "compare.json").write_text(json.dumps(rows, indent=2) + "\n")
         (stage / "compare.csv").write_text(compare_csv(rows))
         compare_png(results, stage / "compare.png")
-        (stage / "compare.md").write_text(compare_md(results, "compare.png"))
+        compare_pareto_png(
+            rows,
+            stage / "compare_pareto.png",
+            f"{results[0].scenario}, seed {results[0].seed}: goodput lost against in-band oscillation "
+            "(lower left is better)",
+        )
+        (stage / "compare.md").write_text(compare_md(results, "compare.png", "compare_pareto.png"))
         out_dir.mkdir(exist_ok=True)
         written = []
         for name in FILES:
