@@ -160,6 +160,13 @@ class DimmerController:
         load_env = np.where(np.isfinite(load_env), load_env, rack_w)
         limit = np.asarray(obs.domain_limit_w, dtype=np.float64).copy()
 
+        # Readings lag the caps by a period or two: what the racks can draw under the caps in force now bounds
+        # every estimate below, or a cut already made would be made again every period until the readings catch up.
+        job_racks = site.rack_job >= 0
+        gpu_env = site.gpu_draw_for_rack_w(load_env)
+        under_caps = np.where(job_racks, site.rack_power_w(np.minimum(gpu_env, self._rack_caps())), load_env)
+        under_caps_w = site.domain_load_w(under_caps)
+
         # 1. grid shaping ---------------------------------------------------------------------------------------
         discharge_w, discharge_plan_w, charge_w = self._bess_room(obs)
         bus_w = float(domain_w[0]) + bess_now_w
@@ -188,7 +195,7 @@ class DimmerController:
         # The utility's ramp is measured on window means, so a load above the grid target is cut only once its excess
         # over the ramp window would use up the slack the margin keeps (a slow swing around the level passes; a job
         # start is cut within a second or two). The cut acts on the latest reading, not the smoothed one.
-        over_w = bus_now_w - target - discharge_plan_w
+        over_w = min(bus_now_w, float(under_caps_w[0])) - target - discharge_plan_w
         window = site.ramp_window_s
         self.excess_j = self.excess_j * math.exp(-dt / window) + max(over_w, 0.0) * dt
         slack_w = (1.0 - p.ramp_margin_frac) * site.ramp_limit_w_per_min * window / 60.0
@@ -201,12 +208,7 @@ class DimmerController:
         # interconnect limits the power itself, so the campus is held on its peak.
         env = self.domain_env.rms()
         env[0] = dom_peak[0] + bess_now_w - bess_w  # as it will be once the battery moves to its new setpoint
-        # Readings lag the caps: plan on the lower of what was measured and what the racks can draw under the caps
-        # in force now, or a cut already made would be made again every period until the readings catch up.
-        job_racks = site.rack_job >= 0
-        gpu_env = site.gpu_draw_for_rack_w(load_env)
-        under_caps = np.where(job_racks, site.rack_power_w(np.minimum(gpu_env, self._rack_caps())), load_env)
-        env = np.fmin(env, site.domain_load_w(under_caps))
+        env = np.fmin(env, under_caps_w)
         soft = p.soft_frac * limit
         # at the PCC the battery holds the level up to the grid target's ceiling; caps dim only the rest
         soft[0] = p.pcc_margin_frac * limit[0]
@@ -222,7 +224,7 @@ class DimmerController:
         # on the battery, and as its charge nears the reserve the plan tapers and the caps come back
         # (the grid target follows the load the caps allow, so the campus may also rise one ramp step a period)
         ramp_allow = ramp_step if math.isfinite(ramp_step) else math.inf
-        headroom[0] = min(headroom[0], max(target + ramp_allow + discharge_plan_w - forecast, 0.0))
+        headroom[0] = min(headroom[0], max(target + ramp_allow + discharge_plan_w - bus_w, 0.0))
         headroom = np.where(cut > 0, 0.0, headroom)
 
         n_jobs = site.n_jobs
