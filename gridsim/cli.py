@@ -59,6 +59,12 @@ def _parser() -> argparse.ArgumentParser:
     dsc.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
 
     sub.add_parser("schema", help="print the JSON Schema of a scenario file (for editors)")
+
+    from gridsim.serve import add_serve_arguments  # cheap: pymodbus is imported when the server starts
+
+    srv = sub.add_parser("serve", help="serve the simulated plant over Modbus TCP (loopback by default) in wall-clock "
+                         "time x speed, for the dimmer daemon or any Modbus client")  # fmt: skip
+    add_serve_arguments(srv)
     return p
 
 
@@ -218,6 +224,12 @@ def _cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from gridsim.serve import run_serve
+
+    return run_serve(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     commands = {
@@ -227,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "describe": _cmd_describe,
         "schema": _cmd_schema,
         "run": _cmd_run,
+        "serve": _cmd_serve,
     }
     try:
         return commands[args.command](args)

@@ -1,0 +1,194 @@
+"""Register codecs and maps, against hand-computed words and the SunSpec model definitions."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dimmer.daemon import registers as R
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "registers.md"
+
+
+def test_float32_is_ieee754_high_word_first() -> None:
+    assert R.encode_float32(1.0) == [0x3F80, 0x0000]
+    assert R.encode_float32(-2.5) == [0xC020, 0x0000]
+    assert R.decode_float32([0x4049, 0x0FDB])[0] == pytest.approx(math.pi, rel=1e-7)
+    assert R.encode_float32(math.nan) == [0x7FC0, 0x0000]
+    assert math.isnan(R.decode_float32([0x7FC0, 0x0000])[0])
+    assert math.isnan(R.decode_float32([0xFFC0, 0x0001])[0])  # any NaN pattern
+    assert R.decode_float32(R.encode_float32(math.inf))[0] == math.inf
+    with pytest.raises(R.EncodeError):
+        R.encode_float32(1e39)
+
+
+def test_integers_and_word_order() -> None:
+    assert R.decode_uint32([0x0001, 0x0000])[0] == 65536.0  # high word first
+    assert R.encode_uint32(65536) == [0x0001, 0x0000]
+    assert R.decode_int16([0xFFFF])[0] == -1.0
+    assert R.encode_int16(-1) == [0xFFFF]
+    assert R.decode_int32([0xFFFF, 0xFFFE])[0] == -2.0
+    assert R.encode_int32(-2) == [0xFFFF, 0xFFFE]
+    assert R.encode_uint16([0, 65534]) == [0, 65534]
+    with pytest.raises(R.EncodeError):
+        R.encode_uint16(65535)  # the sentinel is not a value
+    with pytest.raises(R.EncodeError):
+        R.encode_int16(-32768)
+    with pytest.raises(R.EncodeError):
+        R.encode_uint16(-1)
+
+
+def test_sentinels_are_nan_never_zero() -> None:
+    assert math.isnan(R.decode_int16([0x8000])[0])
+    assert math.isnan(R.decode_uint16([0xFFFF])[0])
+    assert math.isnan(R.decode_int32([0x8000, 0x0000])[0])
+    assert math.isnan(R.decode_uint32([0xFFFF, 0xFFFF])[0])
+    assert math.isnan(R.decode_acc32([0, 0])[0])
+    assert R.decode_acc32([0, 1])[0] == 1.0
+    assert R.decode_sf(0x8000) is None
+    assert R.decode_string([0, 0, 0]) is None
+    assert R.encode_int16(math.nan) == [0x8000]
+    assert R.encode_uint16(math.nan) == [0xFFFF]
+
+
+def test_scale_factors() -> None:
+    assert R.decode_sf(0xFFFE) == -2
+    assert R.decode_sf(3) == 3
+    assert R.decode_sf(11) is None  # outside [-10, 10]
+    assert R.decode_sf(0xFFF5) is None  # -11
+    assert R.apply_sf(np.array([1234.0]), -1)[0] == pytest.approx(123.4)
+    assert math.isnan(R.apply_sf(np.array([1234.0]), None)[0])
+    assert R.sf_for(72e6) == 4  # 72 MW / 10^4 = 7200 <= 32767; / 10^3 = 72000 does not fit
+    assert R.sf_for(100.0) == -2
+    assert R.sf_for(32767.0) == 0
+
+
+def test_strings() -> None:
+    assert R.encode_string("SunS", 2) == [0x5375, 0x6E53]
+    assert R.decode_string([0x5375, 0x6E53]) == "SunS"
+    assert R.encode_string("abc", 3) == [0x6162, 0x6300, 0]
+    assert R.decode_string([0x6162, 0x6300, 0]) == "abc"
+    with pytest.raises(R.EncodeError):
+        R.encode_string("abcde", 2)
+    with pytest.raises(R.EncodeError):
+        R.encode_string("é", 2)
+
+
+def test_bad_words_are_decode_errors() -> None:
+    with pytest.raises(R.DecodeError):
+        R.decode_uint16([70000])
+    with pytest.raises(R.DecodeError):
+        R.decode_uint16([-1])
+    with pytest.raises(R.DecodeError):
+        R.decode_float32([1, 2, 3])  # odd count
+    with pytest.raises(R.DecodeError):
+        R.as_words([1, 2], count=3)
+    with pytest.raises(R.DecodeError):
+        R.check_suns([0x5375, 0x6E54])
+
+
+# The model lengths L published in the SunSpec model definitions (sunspec/models json/model_<id>.json): the sum
+# of the point sizes. Our blocks carry L + 2 (ID and L), and every field must lie inside.
+SUNSPEC_L = {1: 66, 203: 105, 213: 124, 701: 153, 704: 69, 713: 6, 802: 62}
+
+
+@pytest.mark.parametrize("mid", sorted(SUNSPEC_L))
+def test_sunspec_model_lengths_and_fields_fit(mid: int) -> None:
+    block = R.SUNSPEC_MODELS[mid]
+    assert block.length - 2 == SUNSPEC_L[mid]
+    for f in block.fields:
+        assert f.offset >= 2 and f.offset + f.n <= block.length, f.name
+        if f.sf is not None:
+            assert block.field(f.sf).kind == "sunssf"
+
+
+def test_sunspec_point_offsets_from_the_model_definitions() -> None:
+    # counted from the ID register in sunspec/models json/model_*.json
+    assert R.MODEL_203.field("W").offset == 18 and R.MODEL_203.field("W_SF").offset == 22
+    assert R.MODEL_213.field("W").offset == 28
+    assert R.MODEL_701.field("W").offset == 10 and R.MODEL_701.field("W_SF").offset == 116
+    assert R.MODEL_704.field("WSet").offset == 24 and R.MODEL_704.field("WSetRvrtTms").offset == 33
+    assert R.MODEL_704.field("WSet_SF").offset == 59
+    assert R.MODEL_802.field("SoC").offset == 11 and R.MODEL_802.field("SoC_SF").offset == 56
+    assert R.MODEL_802.field("CtrlHb").offset == 19
+
+
+def test_scaled_sunspec_values_and_ranges() -> None:
+    words = R.encode_block(R.MODEL_203, {"W": 15_103_000.0, "W_SF": 3, "Hz": 50.02, "Hz_SF": -2})
+    assert words[:2] == [203, 105]
+    assert words[18] == 15103 and words[22] == 3
+    v = R.decode_block(R.MODEL_203, words)
+    assert v["W"] == 15_103_000.0 and v["Hz"] == pytest.approx(50.02)
+    assert math.isnan(v["A"])  # type: ignore[arg-type]  # not given: not implemented, not zero
+    # a value out of its declared range is an error value, not a clamp
+    bat = R.encode_block(R.MODEL_802, {"SoC": 50.0, "SoC_SF": 0})
+    bat[11] = 101
+    assert math.isnan(R.decode_block(R.MODEL_802, bat)["SoC"])  # type: ignore[arg-type]
+    # a missing scale factor makes the value unknown
+    words[22] = R.SF_NA
+    assert math.isnan(R.decode_block(R.MODEL_203, words)["W"])  # type: ignore[arg-type]
+
+
+def test_sunspec_image_walk() -> None:
+    models = [R.MODEL_1, R.MODEL_701, R.MODEL_704, R.MODEL_802]
+    img = R.sunspec_image([(m, {}) for m in models])
+    R.check_suns(img[:2])
+    offsets = R.model_offsets(models)
+    at, seen = 2, []
+    while (hdr := R.model_header(img[at : at + 2])) is not None:
+        seen.append(hdr[0])
+        assert offsets[hdr[0]] == at
+        at += 2 + hdr[1]
+    assert seen == [1, 701, 704, 802]
+    assert at + 2 == len(img)
+
+
+def test_partial_block_decode() -> None:
+    words = R.encode_block(R.MODEL_704, {"WSetRvrtRem": 7})
+    with pytest.raises(R.DecodeError):
+        R.decode_block(R.MODEL_704, words[:37])
+    v = R.decode_block(R.MODEL_704, words[:37], partial=True)
+    assert v["WSetRvrtRem"] == 7.0 and "WSet_SF" not in v
+    assert math.isnan(v["WSet"])  # type: ignore[arg-type]  # its scale factor was not read
+
+
+def test_rack_map_layout() -> None:
+    assert R.RACK_STATUS_BASE == 16 + 8 * 64
+    assert R.rack_cmd_address(3) == 16 + 24 and R.rack_status_address(2) == 528 + 24
+    # header and commands are one writable span from lease_s: the daemon writes them in one go
+    assert R.RACK_HEADER.field("lease_s").offset == 12 and R.RACK_HEADER.field("heartbeat").offset == 14
+    assert R.RACK_HEADER.length == R.RACK_CMD_BASE
+    hdr = R.encode_block(
+        R.RACK_HEADER, {"magic": "DMRK", "version": 1, "n_racks": 64, "first_rack": 70000, "safe_cap_w": 900.0}
+    )
+    v = R.decode_block(R.RACK_HEADER, hdr)
+    assert (v["magic"], v["version"], v["n_racks"], v["first_rack"], v["safe_cap_w"]) == ("DMRK", 1, 64, 70000, 900)
+    assert math.isnan(v["lease_s"])  # type: ignore[arg-type]
+
+
+def test_records_round_trip_and_ranges() -> None:
+    vals = {
+        "power_w": np.array([120e3, 0.0, 5.5e4]),
+        "load_w": np.array([118e3, 1.0, np.nan]),
+        "cap_w": np.array([1400.0, 600.0, 200.0]),
+        "floor_w": np.zeros(3),
+        "bbu_soc_frac": np.array([1.0, 0.25, 2.0]),  # 2.0 is out of range
+        "energized": np.array([1.0, 0.0, 1.0]),
+    }
+    words = R.encode_records(R.RACK_STATUS, vals, 3, R.RACK_STATUS_STRIDE)
+    assert len(words) == 36
+    out = R.decode_records(R.RACK_STATUS, words, 3, R.RACK_STATUS_STRIDE)
+    np.testing.assert_allclose(out["power_w"], vals["power_w"], rtol=1e-7)
+    assert math.isnan(out["load_w"][2])
+    np.testing.assert_array_equal(out["bbu_soc_frac"][:2], [1.0, 0.25])
+    assert math.isnan(out["bbu_soc_frac"][2])
+    np.testing.assert_array_equal(out["energized"], [1.0, 0.0, 1.0])
+
+
+def test_docs_tables_match_the_code() -> None:
+    text = DOC.read_text()
+    begin, end = "<!-- tables:begin -->\n", "<!-- tables:end -->"
+    assert text[text.index(begin) + len(begin) : text.index(end)] == R.registers_markdown()
