@@ -1,25 +1,431 @@
-"""The `dimmer` command line. Exit status: 0 done, 2 bad input, 1 anything else."""
+"""The `dimmer` command line. Exit status: 0 done, 2 bad input, 1 anything else.
+
+dimmer run --config site.toml [--dry-run]       the daemon against real devices
+dimmer run --sim [SCENARIO] [--speed X] [--out DIR] [--set KEY=VALUE ...]
+                                                the daemon against the simulated plant over Modbus on loopback
+dimmer check site.toml                          validate a site config; touches no device
+dimmer agent [--gpus nvml | --sim-gpus N] ...   a GPU host's power limits as a dimmer-rack-v1 cap device
+dimmer controllers                              the controllers this version provides
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import json
+import math
+import signal
 import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from dimmer import __version__
+from dimmer.errors import DimmerError, InputError
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_SCENARIO = REPO / "scenarios" / "swing-8k.toml"
+# `dimmer run --sim` with no scenario: the 8k-GPU swing, 10 plant minutes at 10x: about a minute of wall time.
+# (10x leaves a 100 ms wall period for a ~30 ms cycle: room for a busy machine; 20x works on an idle one.)
+DEFAULT_SIM_DURATION_S = 600.0
+DEFAULT_SIM_SPEED = 10.0
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"dimmer: {message}\n")
+        raise SystemExit(2)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="dimmer", description="Power-transient controller for AI training campuses.")
+    p.add_argument("--version", action="version", version=f"dimmer {__version__}")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub.add_parser("controllers", help="list the controllers this version provides")
+
+    run = sub.add_parser(
+        "run", help="run the controller daemon (--config) or a demo against the simulated plant (--sim)"
+    )
+    src = run.add_mutually_exclusive_group(required=True)
+    src.add_argument("--config", type=Path, help="site config (TOML): the daemon against real devices")
+    src.add_argument("--sim", nargs="?", const=DEFAULT_SCENARIO, type=Path, metavar="SCENARIO",
+                     help="serve SCENARIO's plant over Modbus on loopback and run the daemon against it "
+                     f"(default: {DEFAULT_SCENARIO.name}, {DEFAULT_SIM_DURATION_S:g} s at "
+                     f"{DEFAULT_SIM_SPEED:g}x)")  # fmt: skip
+    run.add_argument("--dry-run", action="store_true", help="read and decide, never write")
+    run.add_argument(
+        "--speed", type=float, help=f"--sim: plant seconds per wall second (default {DEFAULT_SIM_SPEED:g})"
+    )
+    run.add_argument("--out", type=Path, help="--sim: output directory (default out/<scenario>-daemon)")
+    run.add_argument("--controller", help="--sim: controller name (default dimmer)")
+    run.add_argument("--seed", type=int, help="--sim: random seed (default: the scenario's)")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="--sim: override a scenario key, e.g. --set duration_s=600")  # fmt: skip
+    run.add_argument("--metrics", metavar="HOST:PORT", help="--sim: serve Prometheus metrics here (default: none)")
+    run.add_argument("--quiet", action="store_true", help="--sim: no status line")
+
+    chk = sub.add_parser("check", help="validate a site config without touching any device")
+    chk.add_argument("config", type=Path)
+
+    ag = sub.add_parser("agent", help="serve this host's GPU power limits as a dimmer-rack-v1 cap device")
+    gpus = ag.add_mutually_exclusive_group()
+    gpus.add_argument("--nvml", action="store_true", help="the GPUs NVML sees (default)")
+    gpus.add_argument("--sim-gpus", type=int, metavar="N", help="N simulated GPUs (no hardware; for demos and tests)")
+    ag.add_argument("--gpu-index", type=int, action="append", metavar="I", help="only these NVML GPU indices")
+    ag.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; see docs/daemon.md)")
+    ag.add_argument("--port", type=int, default=5020, help="TCP port (default 5020; 0 picks a free one)")
+    ag.add_argument("--unit", type=int, default=1, help="Modbus unit id (default 1)")
+    ag.add_argument("--first-rack", type=int, default=0, help="the rack index this host is in the site config")
+    ag.add_argument("--period-s", type=float, default=1.0, help="refresh and lease check period (default 1 s)")
+    ag.add_argument("--lease-periods", type=int, default=10,
+                    help="fall back to the safe cap after this many periods without a write (default 10)")  # fmt: skip
+    cap = ag.add_mutually_exclusive_group()
+    cap.add_argument("--safe-cap-w", type=float, help="the safe per-GPU cap in W")
+    cap.add_argument("--safe-cap-frac", type=float, default=0.6, help="the safe cap as a fraction of max (0.6)")
+    ag.add_argument("--overhead-w", type=float, default=0.0, help="host power beyond the GPUs, added to power_w")
+    return p
+
+
+# -- dimmer check ------------------------------------------------------------------------------------------------------
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from dimmer.daemon.config import describe, load_config, safe_cap_load_warnings
+
+    loaded = load_config(args.config)
+    print(describe(loaded))
+    for w in safe_cap_load_warnings(loaded):
+        print(f"warning: {w}")
+    return 0
+
+
+# -- dimmer run --config -----------------------------------------------------------------------------------------------
+
+
+def _cmd_run_config(args: argparse.Namespace) -> int:
+    from dimmer.daemon.loop import run_daemon
+
+    for opt in ("speed", "out", "controller", "seed", "metrics"):
+        if getattr(args, opt) is not None:
+            raise InputError("--" + opt, opt, "only with --sim")
+    asyncio.run(run_daemon(args.config, dry_run=args.dry_run))
+    return 0
+
+
+# -- dimmer run --sim --------------------------------------------------------------------------------------------------
+
+
+def sim_config(
+    scenario: Any, device_map: dict[str, Any], controller: str, out_dir: Path, speed: float
+) -> dict[str, Any]:
+    """The daemon config (as TOML would give it) for a served scenario: its site and jobs, the devices the plant
+    server exposes, the controller with the scenario's params for it, files in `out_dir`.
+
+    Bus timeouts are wall-clock; the daemon's period and staleness are plant-clock (the daemon runs `speed` times
+    faster than real time), so timeouts shrink with the speed but never below what loopback needs.
+    """
+    host, port = device_map["host"], int(device_map["port"])
+    period_s = float(scenario.engine.control_period_s)
+    # a request's timeout (wall seconds): a good part of the wall period, never below what a busy loopback needs
+    timeout_s = max(0.5 * period_s / speed, 0.1)
+    devices: list[dict[str, Any]] = []
+    kinds = {"sunspec-meter": "meter", "sunspec-battery": "battery", "rack": "racks", "site": "site"}
+    for d in device_map["devices"]:
+        kind = kinds.get(d["kind"], d["kind"])
+        spec: dict[str, Any] = {"kind": kind, "host": host, "port": port, "unit": int(d["unit"])}
+        spec["timeout_s"] = timeout_s
+        spec["retries"] = 1
+        spec["backoff_s"] = 0.01
+        for key in ("name", "base", "domain", "first_rack", "n_racks", "read_only"):
+            if d.get(key) is not None:
+                spec[key] = d[key]
+        devices.append(spec)
+    jobs = [
+        j.model_dump(include={"name", "priority", "gpus", "racks", "building"}, exclude_none=True)
+        for j in scenario.jobs
+    ]
+    params = dict(scenario.controllers.get(controller, {}))
+    return {
+        "site": scenario.site.model_dump(exclude_unset=True),
+        "jobs": jobs,
+        "devices": devices,
+        "controller": {"name": controller, "params": params},
+        # The plant runs faster than real time on a machine it shares: a scheduler hiccup of a fraction of a wall
+        # second is seconds of plant time. Trust readings twice as long as the default so a hiccup is not taken for
+        # a dead meter (the controller decides the same on fresh data; only the fail-safe's trigger moves).
+        "safety": {"stale_s": 10.0},
+        "daemon": {
+            "period_s": period_s,
+            "read_timeout_s": 0.9 * period_s,  # the devices share one endpoint: give the serialised reads room
+            "metrics_address": "",
+            "audit_log": str(out_dir / "audit.jsonl"),
+            "state_file": str(out_dir / "state.json"),
+        },
+    }
+
+
+class StatusLine:
+    """One line on stderr, rewritten in place at most a few times a second: what the grid and the caps do."""
+
+    def __init__(self, stream: Any = None, every_s: float = 0.25) -> None:
+        self.stream = stream or sys.stderr
+        self.every_s = every_s
+        self._last = 0.0
+        self.shown = False
+
+    def __call__(self, res: Any) -> None:
+        now = time.monotonic()
+        if now - self._last < self.every_s:
+            return
+        self._last = now
+        self.stream.write("\r" + self.text(res) + "\x1b[K")
+        self.stream.flush()
+        self.shown = True
+
+    @staticmethod
+    def text(res: Any) -> str:
+        obs, act = res.obs, res.actions
+        cap = act.rack_cap_w
+        soc = obs.bess_soc_frac
+        soc_s = f"{soc * 100:4.1f} %" if math.isfinite(soc) else "  -- "
+        return (
+            f"t {obs.t_s:7.0f} s | grid {obs.pcc_power_w / 1e6:6.2f} MW / limit {obs.pcc_limit_w / 1e6:5.1f} MW | "
+            f"cap min {cap.min():5.0f} mean {cap.mean():5.0f} W | SoC {soc_s} | {res.mode.value} | "
+            f"cycle {res.cycle_s * 1e3:5.1f} ms"
+        )
+
+    def end(self) -> None:
+        if self.shown:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+SERVE_CODE = "import sys; from gridsim.serve import main_serve; raise SystemExit(main_serve(sys.argv[1:]))"
+
+
+async def start_plant_server(
+    scenario_path: Path, overrides: list[str], *, speed: float, out_dir: Path, seed: int | None
+) -> tuple[asyncio.subprocess.Process, dict[str, Any]]:
+    """Start `gridsim serve` (PlantServer on a free loopback port) in a child process; return it and its device map.
+
+    A process of its own: the plant and its Modbus server get a core and an interpreter lock of their own, so the
+    daemon here is timed as it would be against real equipment. Its log goes to out_dir/serve.log.
+    """
+    args = [str(scenario_path), "--host", "127.0.0.1", "--port", "0", "--speed", repr(speed), "--out", str(out_dir)]
+    if seed is not None:
+        args += ["--seed", str(seed)]
+    for o in overrides:
+        args += ["--set", o]
+    log_file = (out_dir / "serve.log").open("wb")
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", SERVE_CODE, *args, stdout=asyncio.subprocess.PIPE, stderr=log_file
+        )
+    finally:
+        log_file.close()
+    assert proc.stdout is not None
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), timeout=60.0)
+    except TimeoutError:
+        line = b""
+    if not line:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        tail = (out_dir / "serve.log").read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        raise DimmerError(f"the plant server did not start: {tail[0]}")
+    return proc, json.loads(line)
+
+
+async def run_sim(
+    scenario_path: Path,
+    overrides: list[str],
+    *,
+    speed: float,
+    out_dir: Path | None,
+    controller: str,
+    seed: int | None = None,
+    dry_run: bool = False,
+    metrics_address: tuple[str, int] | None = None,
+    status: StatusLine | None = None,
+    install_signals: bool = True,
+) -> dict[str, Any]:
+    """Serve the scenario's plant on a free loopback port, run the daemon against it until the scenario ends;
+    return the plant's summary (also in out_dir/summary.json) plus the daemon's cycle statistics."""
+    from dimmer.control import controller_names
+    from dimmer.daemon.config import validate_config
+    from dimmer.daemon.loop import Daemon
+    from gridsim.scenario import load_scenario
+
+    if controller not in controller_names():
+        raise InputError("--controller", "controller", f"one of {', '.join(controller_names())}")
+    if not math.isfinite(speed) or speed <= 0:
+        raise InputError("--speed", "speed", "a positive number")
+    loaded = load_scenario(scenario_path, overrides)  # bad input is reported here, before anything starts
+    out = out_dir or Path("out") / f"{loaded.scenario.name}-daemon"
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("audit.jsonl", "state.json", "summary.json"):  # a new run starts fresh
+        (out / stale).unlink(missing_ok=True)
+    proc, device_map = await start_plant_server(scenario_path, overrides, speed=speed, out_dir=out, seed=seed)
+    daemon: Daemon | None = None
+    try:
+        raw = sim_config(loaded.scenario, device_map, controller, out, speed)
+        cfg = validate_config(raw, f"{scenario_path} (served)", out)
+        daemon = Daemon(cfg, dry_run=dry_run, speed=speed, metrics_address=metrics_address, on_cycle=status)
+        if install_signals:
+            daemon.install_signal_handlers()
+        run = asyncio.create_task(daemon.run())
+        ended = asyncio.create_task(proc.wait())
+        await asyncio.wait({run, ended}, return_when=asyncio.FIRST_COMPLETED)
+        daemon.request_stop(write_safe=False)  # the plant has ended (or we were told to stop): nothing to make safe
+        await run
+    finally:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+        await proc.wait()
+        if status is not None:
+            status.end()
+    summary_path = out / "summary.json"
+    summary: dict[str, Any] = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    cyc = sorted(daemon.cycle_s)
+    stats = {
+        "daemon_cycles": daemon.n_cycles,
+        "daemon_overruns": daemon.n_overruns,
+        "daemon_cycle_ms_p50": round(cyc[len(cyc) // 2] * 1e3, 2) if cyc else None,
+        "daemon_cycle_ms_p99": round(cyc[min(len(cyc) - 1, int(0.99 * len(cyc)))] * 1e3, 2) if cyc else None,
+        "daemon_cycle_ms_max": round(cyc[-1] * 1e3, 2) if cyc else None,
+        "daemon_writes": daemon.n_writes,
+        "daemon_speed_x": speed,
+        "plant_exit_status": proc.returncode,
+    }
+    (out / "daemon.json").write_text(json.dumps(stats, indent=2) + "\n")
+    return {**summary, **stats}
+
+
+def _cmd_run_sim(args: argparse.Namespace) -> int:
+    from dimmer.daemon.config import parse_address
+
+    overrides = list(args.overrides)
+    is_default = args.sim == DEFAULT_SCENARIO
+    if is_default and not any(o.split("=", 1)[0].strip() == "duration_s" for o in overrides):
+        overrides.insert(0, f"duration_s={DEFAULT_SIM_DURATION_S:g}")
+    speed = DEFAULT_SIM_SPEED if args.speed is None else args.speed
+    metrics: tuple[str, int] | None = None
+    if args.metrics:
+        try:
+            metrics = parse_address(args.metrics)
+        except ValueError as exc:
+            raise InputError("--metrics", "metrics", str(exc)) from None
+    if args.seed is not None and args.seed < 0:
+        raise InputError("--seed", "seed", "a non-negative integer")
+    status = None if args.quiet else StatusLine()
+    summary = asyncio.run(
+        run_sim(
+            args.sim,
+            overrides,
+            speed=speed,
+            out_dir=args.out,
+            controller=args.controller or "dimmer",
+            seed=args.seed,
+            dry_run=args.dry_run,
+            metrics_address=metrics,
+            status=status,
+        )
+    )
+    keys = ("breaker_trips", "pcc_overlimit_s", "ramp_violation_s", "max_ramp_mw_per_min", "peak_grid_mw",
+            "goodput_pct", "daemon_cycles", "daemon_overruns", "daemon_cycle_ms_p50",
+            "daemon_cycle_ms_p99")  # fmt: skip
+    print(json.dumps({k: summary.get(k) for k in keys}))
+    out = args.out or Path("out") / f"{summary.get('scenario', 'sim')}-daemon"
+    print(f"wrote {out}/summary.json, audit.jsonl, daemon.json")
+    return 0
+
+
+# -- dimmer agent ------------------------------------------------------------------------------------------------------
+
+
+def _cmd_agent(args: argparse.Namespace) -> int:
+    from dimmer.daemon.agent import CapAgent
+    from dimmer.daemon.nvml import GpuBackend, NvmlGpus, SimulatedGpus
+
+    if not 1 <= args.unit <= 247:
+        raise InputError("--unit", "unit", "a Modbus unit id in 1..247")
+    if not 0 <= args.port <= 65535:
+        raise InputError("--port", "port", "a TCP port in 0..65535")
+    if args.period_s <= 0 or args.lease_periods < 1:
+        raise InputError("--period-s", "period_s", "a positive period and at least one lease period")
+    gpus: GpuBackend = SimulatedGpus(args.sim_gpus) if args.sim_gpus else NvmlGpus(args.gpu_index)
+    lo, hi = gpus.constraints_w()
+    safe = args.safe_cap_w if args.safe_cap_w is not None else args.safe_cap_frac * float(hi.max())
+    if not float(lo.max()) <= safe <= float(hi.min()):
+        gpus.close()
+        raise InputError(
+            "--safe-cap-w",
+            "safe_cap_w",
+            f"within every GPU's settable range {lo.max():g}-{hi.min():g} W (got {safe:g})",
+        )
+    agent = CapAgent(
+        gpus,
+        safe_cap_w=safe,
+        period_s=args.period_s,
+        lease_periods=args.lease_periods,
+        first_rack=args.first_rack,
+        unit=args.unit,
+        overhead_w=args.overhead_w,
+    )
+
+    async def main() -> None:
+        try:
+            port = await agent.start(args.host, args.port)
+        except OSError as exc:
+            agent.restore()
+            gpus.close()
+            raise DimmerError(f"cannot listen on {args.host}:{args.port}: {exc}") from None
+        sys.stdout.write(f"listening on {args.host}:{port}\n")
+        sys.stdout.flush()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, agent.request_stop)
+        await agent.run()
+
+    asyncio.run(main())
+    return 0
+
+
+# -- main --------------------------------------------------------------------------------------------------------------
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="dimmer", description="Power-transient controller for AI training campuses.")
-    p.add_argument("--version", action="version", version=f"dimmer {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("controllers", help="list the controllers this version provides")
-    args = p.parse_args(argv)
-    if args.command == "controllers":
-        from dimmer.control import controller_names
+    args = _parser().parse_args(argv)
+    from dimmer.daemon.metrics import setup_logging
 
-        sys.stdout.write("\n".join(controller_names()) + "\n")
-    return 0
+    setup_logging(args.log_level)
+    try:
+        if args.command == "controllers":
+            from dimmer.control import controller_names
+
+            sys.stdout.write("\n".join(controller_names()) + "\n")
+            return 0
+        if args.command == "check":
+            return _cmd_check(args)
+        if args.command == "agent":
+            return _cmd_agent(args)
+        if args.config is not None:
+            return _cmd_run_config(args)
+        return _cmd_run_sim(args)
+    except InputError as exc:
+        sys.stderr.write(f"dimmer: {exc}\n")
+        return 2
+    except DimmerError as exc:
+        sys.stderr.write(f"dimmer: {exc}\n")
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write("dimmer: interrupted\n")
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,387 @@
+"""The daemon's site config: a TOML file -> a validated `DaemonConfig` -> the site, the controller and the devices.
+
+The power tree, its ratings and the jobs reuse the scenario schema (`dimmer.siteconfig.SiteSpec`,
+`JobPlacementSpec`), so a site described for `gridsim` and for `dimmer run` reads the same. On top of it:
+
+    [[devices]]     where every meter, battery, rack cap device and site aggregator answers (Modbus TCP)
+    [[limits]]      operating limits below a breaker's rating (never above it)
+    [controller]    name and params
+    [safety]        safe cap, staleness, debounce, setpoint leases
+    [daemon]        period, metrics address, audit log, state file
+
+Every key is checked once, here, with the file and the key path in the error (exit status 2); cross-checks that need
+more than one key (racks covered exactly once, a safe cap the GPU can hold, limits under the breakers, a controller
+that accepts its params) run at load too. Loading touches no device.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from dimmer.daemon.registers import RACK_MAX
+from dimmer.errors import InputError, from_validation_error
+from dimmer.site import SiteModel, build_site
+from dimmer.siteconfig import JobPlacementSpec, SiteSpec, Strict
+
+DeviceKind = Literal["meter", "battery", "site", "racks"]
+
+# The register profile each kind speaks (docs/registers.md): SunSpec for meters and batteries, the project's own
+# maps for rack cap devices (a power shelf controller, a BMC gateway or `dimmer agent`) and the site aggregator.
+PROFILES: dict[str, tuple[str, ...]] = {
+    "meter": ("sunspec",),
+    "battery": ("sunspec",),
+    "racks": ("dimmer-rack-v1",),
+    "site": ("dimmer-site-v1",),
+}
+
+
+class DeviceSpec(Strict):
+    """One Modbus TCP device: a meter, the campus battery, a block of rack cap devices or the site aggregator."""
+
+    kind: DeviceKind
+    name: str | None = Field(default=None, min_length=1)  # default: "<kind><index>" (metric and log label)
+    host: str = Field(min_length=1)
+    port: int = Field(default=502, ge=1, le=65535)  # 502 is the IANA Modbus/TCP port
+    unit: int = Field(default=1, ge=1, le=247)  # Modbus unit id (0 is broadcast, 248-255 reserved)
+    profile: str | None = None  # default: the kind's first profile
+    base: int = Field(default=40000, ge=0, le=65535)  # SunSpec base register (40000, 50000 or 0)
+    domain: str = "campus"  # meter: the domain it meters ("campus" is the interconnect, the PCC)
+    first_rack: int | None = Field(default=None, ge=0)  # racks: the first rack (tree order) this device serves
+    n_racks: int | None = Field(default=None, ge=1, le=RACK_MAX)  # dimmer-rack-v1 serves up to 64 racks a device
+    read_only: bool = False  # never written, whatever the controller decides
+    timeout_s: float = Field(default=0.5, gt=0, le=30)  # per request
+    retries: int = Field(default=2, ge=0, le=10)  # per request, by the bus, before the read counts as failed
+    backoff_s: float = Field(default=0.05, ge=0, le=10)  # first reconnect wait; doubles per failure
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> DeviceSpec:
+        profile = self.profile or PROFILES[self.kind][0]
+        if profile not in PROFILES[self.kind]:
+            raise ValueError(f"profile for a {self.kind} device must be one of {', '.join(PROFILES[self.kind])}")
+        if self.kind == "racks" and (self.first_rack is None or self.n_racks is None):
+            raise ValueError("a racks device needs first_rack and n_racks")
+        if self.kind != "racks" and (self.first_rack is not None or self.n_racks is not None):
+            raise ValueError("first_rack and n_racks belong to racks devices only")
+        return self
+
+    @property
+    def profile_name(self) -> str:
+        return self.profile or PROFILES[self.kind][0]
+
+
+class LimitSpec(Strict):
+    """An operating limit for one domain, below its breaker rating (a contract, a margin, a hot aisle)."""
+
+    domain: str
+    limit_kw: float | None = Field(default=None, gt=0)
+    limit_mw: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _one(self) -> LimitSpec:
+        if (self.limit_kw is None) == (self.limit_mw is None):
+            raise ValueError("give exactly one of limit_kw or limit_mw")
+        return self
+
+    def limit_w(self) -> float:
+        return self.limit_kw * 1e3 if self.limit_kw is not None else float(self.limit_mw or 0.0) * 1e6
+
+
+class ControllerConfig(Strict):
+    name: str = "dimmer"
+    params: dict[str, Any] = {}
+
+
+class SafetySpec(Strict):
+    """What the daemon does when something fails (docs/daemon.md, "Fail-safes")."""
+
+    # Where every fail-safe sends a GPU cap, as a fraction of rated: FAILSAFE mode, SIGTERM, a stale reading, a
+    # lapsed lease. 0.6 is the dimmer controller's own default: ~0.82 of full throughput (Perseus curve).
+    safe_cap_frac: float = Field(default=0.6, gt=0)
+    # A reading older than this is not trusted (the controller's stale_s): 5 control periods.
+    stale_s: float = Field(default=5.0, gt=0, le=3600)
+    # A device is flagged (logged once, dimmer_device_up 0) after this many consecutive failed reads or writes.
+    fail_after: int = Field(default=3, ge=1, le=1000)
+    # Rack devices hold the caps and floors written for this long; a device that is not rewritten within it falls
+    # back to its safe cap on its own (10 periods: a restart fits, a dead daemon does not hold caps forever).
+    lease_s: float = Field(default=10.0, gt=0, le=3600)
+    # The campus battery reverts to idle this long after the last setpoint (SunSpec WinTms / RvrtTms).
+    battery_revert_s: float = Field(default=10.0, gt=0, le=3600)
+
+
+class DaemonSpec(Strict):
+    period_s: float = Field(default=1.0, gt=0, le=60)  # the control period (the controller's period_s)
+    read_timeout_s: float | None = Field(default=None, gt=0)  # a whole device read; default: half the period
+    metrics_address: str = "127.0.0.1:9108"  # host:port of the Prometheus endpoint; "" disables it
+    metrics_rack_domains: bool = False  # also export rack-level domains (one series per rack and metric)
+    audit_log: str | None = None  # JSON-lines audit log; relative paths are relative to the config file
+    state_file: str | None = None  # controller filter state, saved atomically
+    state_every: int = Field(default=10, ge=1)  # save the state every this many cycles (and at exit)
+    state_max_age_s: float = Field(default=600.0, gt=0)  # an older state file is not restored
+
+    @field_validator("metrics_address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        if v:
+            parse_address(v)
+        return v
+
+
+class DaemonConfig(Strict):
+    site: SiteSpec
+    jobs: list[JobPlacementSpec] = []
+    devices: list[DeviceSpec] = Field(min_length=1)
+    limits: list[LimitSpec] = []
+    controller: ControllerConfig = ControllerConfig()
+    safety: SafetySpec = SafetySpec()
+    daemon: DaemonSpec = DaemonSpec()
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """ "127.0.0.1:9108" -> ("127.0.0.1", 9108); "[::1]:9108" for IPv6. ValueError if malformed."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError("host:port, e.g. 127.0.0.1:9108")
+    return host.strip("[]"), int(port)
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    """A validated config with everything built from it once: the site model, resolved paths, names, limits."""
+
+    config: DaemonConfig
+    source: str
+    base_dir: Path
+    site: SiteModel
+    device_names: tuple[str, ...]
+    limit_w: np.ndarray  # (n_domains,) operating limit of every domain: min(rating, [[limits]])
+    controller_params: Mapping[str, Any]
+
+    @property
+    def safe_cap_w(self) -> float:
+        gpu = self.site.gpu
+        return float(min(max(self.config.safety.safe_cap_frac * gpu.rated_w, gpu.min_cap_w), gpu.rated_w))
+
+    def resolve(self, path: str | None) -> Path | None:
+        if path is None:
+            return None
+        p = Path(path).expanduser()
+        return p if p.is_absolute() else self.base_dir / p
+
+    @property
+    def audit_path(self) -> Path | None:
+        return self.resolve(self.config.daemon.audit_log)
+
+    @property
+    def state_path(self) -> Path | None:
+        return self.resolve(self.config.daemon.state_file)
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    source = str(path)
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise InputError(source, "(file)", "an existing site config file") from None
+    except IsADirectoryError:
+        raise InputError(source, "(file)", "a file, not a directory") from None
+    except PermissionError:
+        raise InputError(source, "(file)", "a readable file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(source, "(syntax)", f"valid TOML ({exc})") from None
+    except UnicodeDecodeError:
+        raise InputError(source, "(file)", "UTF-8 text") from None
+
+
+def load_config(path: str | Path) -> LoadedConfig:
+    """Read and validate a site config file; InputError (one line: file, key path, expected) if anything is wrong."""
+    p = Path(path)
+    return validate_config(read_toml(p), str(p), p.resolve().parent)
+
+
+def validate_config(raw: Mapping[str, Any], source: str, base_dir: Path) -> LoadedConfig:
+    try:
+        cfg = DaemonConfig.model_validate(dict(raw))
+    except ValidationError as exc:
+        raise from_validation_error(source, exc) from None
+    site = build_site(cfg.site, cfg.jobs, source=source)
+    names = _check_devices(cfg, site, source)
+    limit_w = _check_limits(cfg, site, source)
+    _check_safety(cfg, site, source)
+    params = controller_params(cfg)
+    _check_controller(cfg, site, params, source)
+    return LoadedConfig(cfg, source, base_dir, site, names, limit_w, params)
+
+
+def controller_params(cfg: DaemonConfig) -> dict[str, Any]:
+    """The controller's params, with the daemon's period and (for dimmer) the [safety] staleness and safe cap."""
+    params = dict(cfg.controller.params)
+    if cfg.controller.name == "dimmer":
+        params.setdefault("period_s", cfg.daemon.period_s)
+        params.setdefault("stale_s", cfg.safety.stale_s)
+        params.setdefault("safe_cap_frac", cfg.safety.safe_cap_frac)
+    return params
+
+
+def _check_devices(cfg: DaemonConfig, site: SiteModel, source: str) -> tuple[str, ...]:
+    names: list[str] = []
+    covered = np.zeros(site.n_racks, dtype=np.int64)
+    metered: dict[str, int] = {}
+    endpoints: dict[tuple[str, int, int, str, int], int] = {}
+    kinds: dict[str, int] = {}
+    for i, dev in enumerate(cfg.devices):
+        key = f"devices[{i}]"
+        name = dev.name or f"{dev.kind}{i}"
+        if name in names:
+            raise InputError(source, f"{key}.name", f"a name no other device has ({name!r} repeats)")
+        names.append(name)
+        if dev.kind in ("battery", "site"):
+            if dev.kind in kinds:
+                raise InputError(source, f"{key}.kind", f"at most one {dev.kind} device (devices[{kinds[dev.kind]}])")
+            kinds[dev.kind] = i
+        if dev.kind == "meter":
+            if dev.domain not in site.domain_name:
+                raise InputError(source, f"{key}.domain", f"a domain of the site (not {dev.domain!r})")
+            if dev.domain in metered:
+                raise InputError(source, f"{key}.domain", f"one meter per domain (devices[{metered[dev.domain]}])")
+            metered[dev.domain] = i
+        if dev.kind == "racks":
+            first, n = int(dev.first_rack or 0), int(dev.n_racks or 0)
+            if first + n > site.n_racks:
+                raise InputError(
+                    source,
+                    f"{key}.n_racks",
+                    f"racks within the site's 0..{site.n_racks - 1} (got {first}..{first + n - 1})",
+                )
+            if covered[first : first + n].any():
+                dup = first + int(np.argmax(covered[first : first + n] > 0))
+                raise InputError(source, f"{key}.first_rack", f"racks no other device serves (rack {dup} repeats)")
+            covered[first : first + n] += 1
+        # a rack device may share an endpoint and unit with others (blocks of one rack controller); SunSpec devices
+        # at the same endpoint, unit and base would read the same registers
+        ep = (dev.host, dev.port, dev.unit, dev.kind, dev.base if dev.kind != "racks" else -1 - i)
+        if ep in endpoints:
+            raise InputError(
+                source,
+                f"{key}.unit",
+                f"a unit no other {dev.kind} device at {dev.host}:{dev.port} uses (devices[{endpoints[ep]}])",
+            )
+        endpoints[ep] = i
+    if "campus" not in metered and "site" not in kinds:
+        raise InputError(
+            source, "devices", 'a meter with domain = "campus" or a site device: the interconnect must be measured'
+        )
+    missing = np.flatnonzero(covered == 0)
+    if missing.size:
+        raise InputError(
+            source,
+            "devices",
+            f"racks devices covering every rack exactly once "
+            f"(racks {_ranges(missing)} of 0..{site.n_racks - 1} have none)",
+        )
+    return tuple(names)
+
+
+def _ranges(idx: np.ndarray) -> str:
+    """[0 1 2 5] -> "0-2, 5" (at most four runs, then "...")."""
+    runs: list[str] = []
+    start = prev = int(idx[0])
+    for x in [*idx[1:].tolist(), None]:
+        if x is not None and x == prev + 1:
+            prev = x
+            continue
+        runs.append(f"{start}-{prev}" if prev > start else f"{start}")
+        if x is not None:
+            start = prev = x
+    return ", ".join(runs[:4]) + (", ..." if len(runs) > 4 else "")
+
+
+def _check_limits(cfg: DaemonConfig, site: SiteModel, source: str) -> np.ndarray:
+    limit = site.domain_rating_w.copy()
+    seen: set[str] = set()
+    for i, lim in enumerate(cfg.limits):
+        key = f"limits[{i}]"
+        if lim.domain not in site.domain_name:
+            raise InputError(source, f"{key}.domain", f"a domain of the site (not {lim.domain!r})")
+        if lim.domain in seen:
+            raise InputError(source, f"{key}.domain", f"one limit per domain ({lim.domain!r} repeats)")
+        seen.add(lim.domain)
+        d = site.domain_index(lim.domain)
+        rating = float(site.domain_rating_w[d])
+        if lim.limit_w() > rating + 1e-6:
+            what = "interconnect limit (site.pcc.limit_mw)" if d == 0 else "breaker rating"
+            raise InputError(
+                source,
+                f"{key}.{'limit_kw' if lim.limit_kw is not None else 'limit_mw'}",
+                f"at most the {what} of {lim.domain}, {rating / 1e3:g} kW (got {lim.limit_w() / 1e3:g} kW)",
+            )
+        limit[d] = lim.limit_w()
+    return limit
+
+
+def _check_safety(cfg: DaemonConfig, site: SiteModel, source: str) -> None:
+    gpu = site.gpu
+    cap_w = cfg.safety.safe_cap_frac * gpu.rated_w
+    lo = gpu.min_cap_w / gpu.rated_w
+    if cap_w > gpu.rated_w + 1e-9:
+        raise InputError(
+            source,
+            "safety.safe_cap_frac",
+            f"at most 1 (a safe cap above the {gpu.name} rating of {gpu.rated_w:g} W is no cap; "
+            f"got {cfg.safety.safe_cap_frac:g})",
+        )
+    if cap_w < gpu.min_cap_w - 1e-9:
+        raise InputError(
+            source,
+            "safety.safe_cap_frac",
+            f"at least {lo:.3g}: the {gpu.name} power limit is settable from {gpu.min_cap_w:g} W (got {cap_w:g} W)",
+        )
+    if cfg.safety.lease_s < cfg.daemon.period_s:
+        raise InputError(source, "safety.lease_s", f"at least the period ({cfg.daemon.period_s:g} s)")
+    if cfg.safety.battery_revert_s < cfg.daemon.period_s:
+        raise InputError(source, "safety.battery_revert_s", f"at least the period ({cfg.daemon.period_s:g} s)")
+    if cfg.daemon.read_timeout_s is not None and cfg.daemon.read_timeout_s >= cfg.daemon.period_s:
+        raise InputError(source, "daemon.read_timeout_s", f"below the period ({cfg.daemon.period_s:g} s)")
+
+
+def _check_controller(cfg: DaemonConfig, site: SiteModel, params: Mapping[str, Any], source: str) -> None:
+    from dimmer.control import make_controller
+
+    try:
+        make_controller(cfg.controller.name, site, params, source=source)
+    except InputError as exc:
+        if exc.source == source:  # an unknown controller name
+            raise InputError(source, "controller.name", exc.expected) from None
+        raise InputError(source, f"controller.{exc.key}", exc.expected) from None
+
+
+def safe_cap_load_warnings(loaded: LoadedConfig) -> list[str]:
+    """Domains whose load would exceed their limit with every GPU at the safe cap (worth knowing, not an error)."""
+    site = loaded.site
+    rack_w = site.rack_power_w(np.full(site.n_racks, loaded.safe_cap_w))
+    over = np.flatnonzero(site.domain_load_w(rack_w) > loaded.limit_w)
+    return [
+        f"{site.domain_name[d]}: at the safe cap the racks under it could draw "
+        f"{site.domain_load_w(rack_w)[d] / 1e3:.0f} kW, above its {loaded.limit_w[d] / 1e3:.0f} kW limit"
+        for d in over[:10]
+    ]
+
+
+def describe(loaded: LoadedConfig) -> str:
+    site, cfg = loaded.site, loaded.config
+    kinds = [d.kind for d in cfg.devices]
+    parts = ", ".join(f"{kinds.count(k)} {k}" for k in ("meter", "battery", "site", "racks") if kinds.count(k))
+    ro = sum(d.read_only for d in cfg.devices)
+    return (
+        f"{loaded.source}: ok — {site.n_gpus} GPUs in {site.n_racks} racks, {site.n_domains} domains, "
+        f"{site.n_jobs} job{'' if site.n_jobs == 1 else 's'}; devices: {parts}{f' ({ro} read-only)' if ro else ''}; "
+        f"controller {cfg.controller.name}, "
+        f"period {cfg.daemon.period_s:g} s, safe cap {loaded.safe_cap_w:g} W"
+    )

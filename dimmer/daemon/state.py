@@ -1,0 +1,261 @@
+"""The controller's filter state on disk: saved atomically every N cycles and at exit, restored at start.
+
+A restart (an upgrade, a crash, a reboot) should not forget what the controller had learned: the caps it holds, the
+grid target it is ramping, the envelopes and low-pass filters. Losing them would raise every cap to rated at once
+and restart the grid target from the current load. The state is a small explicit dict per controller class (no
+pickle: a state file must never run code), checked against the site on restore. A missing, corrupt, old or
+mismatched file is ignored with a warning: the controller then starts fresh, as on first start.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dimmer.control import Controller
+from dimmer.control.dimmer import DimmerController
+from dimmer.control.filters import LowPass, Window
+from dimmer.site import SiteModel
+
+log = logging.getLogger("dimmer.state")
+
+FORMAT = "dimmer-state-v1"
+
+
+class StateMismatch(ValueError):
+    """The saved state does not fit this controller and site."""
+
+
+def site_fingerprint(site: SiteModel) -> dict[str, Any]:
+    """What a state must agree with: the shape of the site and its jobs, and the GPU."""
+    return {
+        "gpu": site.gpu.name,
+        "n_racks": site.n_racks,
+        "n_domains": site.n_domains,
+        "jobs": list(site.job_name),
+    }
+
+
+# -- JSON-safe arrays: inf and NaN are not JSON, so every float goes through a string-free encoding -----------------
+
+
+def _enc(x: Any) -> Any:
+    if isinstance(x, np.ndarray):
+        return {"shape": list(x.shape), "data": [_enc_f(v) for v in x.ravel().tolist()]}
+    if isinstance(x, float):
+        return _enc_f(x)
+    return x
+
+
+def _enc_f(v: float) -> float | str:
+    return v if math.isfinite(v) else ("nan" if math.isnan(v) else ("inf" if v > 0 else "-inf"))
+
+
+def _dec_arr(obj: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
+    if not isinstance(obj, dict) or "data" not in obj or "shape" not in obj:
+        raise StateMismatch(f"{what}: not an array")
+    if tuple(obj["shape"]) != shape:
+        raise StateMismatch(f"{what}: shape {tuple(obj['shape'])}, expected {shape}")
+    data = np.asarray([_dec_f(v, what) for v in obj["data"]], dtype=np.float64)
+    if data.size != math.prod(shape):
+        raise StateMismatch(f"{what}: {data.size} values, expected {math.prod(shape)}")
+    return data.reshape(shape)
+
+
+def _dec_f(v: Any, what: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float | str):
+        raise StateMismatch(f"{what}: not a number")
+    try:
+        return float(v)
+    except ValueError:
+        raise StateMismatch(f"{what}: not a number") from None
+
+
+def _dec_opt_f(v: Any, what: str) -> float | None:
+    return None if v is None else _dec_f(v, what)
+
+
+# -- DimmerController ------------------------------------------------------------------------------------------------
+
+
+def _window_to(w: Window) -> dict[str, Any]:
+    return {"buf": _enc(w._buf), "i": w._i}
+
+
+def _window_from(w: Window, d: Any, what: str) -> None:
+    if not isinstance(d, dict):
+        raise StateMismatch(f"{what}: not a window")
+    buf = _dec_arr(d.get("buf"), w._buf.shape, f"{what}.buf")
+    i = d.get("i")
+    if not isinstance(i, int) or not 0 <= i < w._buf.shape[0]:
+        raise StateMismatch(f"{what}.i: out of range")
+    w._buf[...] = buf
+    w._i = i
+
+
+def _lowpass_to(f: LowPass) -> Any:
+    return None if f.value is None else _enc(np.asarray(f.value, dtype=np.float64))
+
+
+def _lowpass_from(f: LowPass, d: Any, shape: tuple[int, ...], what: str) -> None:
+    f.value = None if d is None else _dec_arr(d, shape, what)
+
+
+def dimmer_to_dict(c: DimmerController) -> dict[str, Any]:
+    return {
+        "cap_w": _enc(c.cap_w),
+        "floor_w": _enc(c.floor_w),
+        "grid_target_w": None if c.grid_target_w is None else _enc_f(c.grid_target_w),
+        "excess_j": _enc_f(c.excess_j),
+        "rack_last_w": _enc(c.rack_last_w),
+        "domain_env": _window_to(c.domain_env),
+        "rack_env": _window_to(c.rack_env),
+        "forecast": _lowpass_to(c.forecast),
+        "bus_mean": _lowpass_to(c.bus_mean),
+        "rack_mean": _lowpass_to(c.rack_mean),
+    }
+
+
+def dimmer_from_dict(c: DimmerController, d: dict[str, Any]) -> None:
+    """Restore into `c`; StateMismatch (and `c` untouched) if any piece does not fit."""
+    site = c.site
+    # decode everything first, assign only when all of it fits
+    cap = _dec_arr(d.get("cap_w"), (site.n_jobs,), "cap_w")
+    floor = _dec_arr(d.get("floor_w"), (site.n_racks,), "floor_w")
+    rack_last = _dec_arr(d.get("rack_last_w"), (site.n_racks,), "rack_last_w")
+    grid = _dec_opt_f(d.get("grid_target_w"), "grid_target_w")
+    excess = _dec_f(d.get("excess_j", 0.0), "excess_j")
+    gpu = site.gpu
+    if np.any(~np.isfinite(cap)) or np.any(cap < gpu.min_cap_w - 1e-6) or np.any(cap > gpu.rated_w + 1e-6):
+        raise StateMismatch(f"cap_w: caps outside the {gpu.name} range {gpu.min_cap_w:g}-{gpu.rated_w:g} W")
+    if np.any(~np.isfinite(floor)) or np.any(floor < 0):
+        raise StateMismatch("floor_w: not finite and non-negative")
+    trial = DimmerController(site, c.p)  # scratch filters: a partial failure leaves `c` as it was
+    _window_from(trial.domain_env, d.get("domain_env"), "domain_env")
+    _window_from(trial.rack_env, d.get("rack_env"), "rack_env")
+    _lowpass_from(trial.forecast, d.get("forecast"), (1,), "forecast")
+    _lowpass_from(trial.bus_mean, d.get("bus_mean"), (1,), "bus_mean")
+    _lowpass_from(trial.rack_mean, d.get("rack_mean"), (site.n_racks,), "rack_mean")
+    c.cap_w = cap
+    c.floor_w = floor
+    c.rack_last_w = rack_last
+    c.grid_target_w = grid
+    c.excess_j = max(excess, 0.0)
+    c.domain_env, c.rack_env = trial.domain_env, trial.rack_env
+    c.forecast, c.bus_mean, c.rack_mean = trial.forecast, trial.bus_mean, trial.rack_mean
+    c.t_last_s = None  # the old process's clock means nothing here: the first step uses the nominal period
+
+
+# Controllers whose state is saved: class -> (to dict, from dict). The baselines keep little state worth a file.
+_CODECS: dict[type, tuple[Callable[[Any], dict[str, Any]], Callable[[Any, dict[str, Any]], None]]] = {
+    DimmerController: (dimmer_to_dict, dimmer_from_dict),
+}
+
+
+def supports_state(ctrl: Controller) -> bool:
+    return type(ctrl) in _CODECS
+
+
+def controller_state(ctrl: Controller, site: SiteModel, wall_time_s: float | None = None) -> dict[str, Any] | None:
+    """The state document for `ctrl`, or None if its class keeps none."""
+    codec = _CODECS.get(type(ctrl))
+    if codec is None:
+        return None
+    return {
+        "format": FORMAT,
+        "controller": ctrl.name,
+        "saved_at_unix_s": time.time() if wall_time_s is None else wall_time_s,
+        "site": site_fingerprint(site),
+        "state": codec[0](ctrl),
+    }
+
+
+def restore_state(
+    ctrl: Controller, site: SiteModel, doc: dict[str, Any], max_age_s: float, now_unix_s: float | None = None
+) -> None:
+    """Load `doc` into `ctrl`; StateMismatch with the reason if it does not fit (ctrl is then unchanged)."""
+    codec = _CODECS.get(type(ctrl))
+    if codec is None:
+        raise StateMismatch(f"controller {ctrl.name!r} keeps no state")
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise StateMismatch(f"not a {FORMAT} document")
+    if doc.get("controller") != ctrl.name:
+        raise StateMismatch(f"saved by controller {doc.get('controller')!r}, running {ctrl.name!r}")
+    if doc.get("site") != site_fingerprint(site):
+        raise StateMismatch("saved for a different site (racks, domains, jobs or GPU differ)")
+    now = time.time() if now_unix_s is None else now_unix_s
+    saved = doc.get("saved_at_unix_s")
+    if not isinstance(saved, int | float) or not math.isfinite(saved):
+        raise StateMismatch("no valid saved_at_unix_s")
+    if not -60.0 <= now - saved <= max_age_s:
+        raise StateMismatch(f"saved {now - saved:.0f} s ago, older than {max_age_s:g} s (or in the future)")
+    state = doc.get("state")
+    if not isinstance(state, dict):
+        raise StateMismatch("no state table")
+    codec[1](ctrl, state)
+
+
+def save_state_file(path: Path, doc: dict[str, Any]) -> None:
+    """Write `doc` to `path` atomically: a temporary file in the same folder, fsync, rename over the old one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(doc, separators=(",", ":"), allow_nan=False))  # one write, not one per token
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    try:  # make the rename itself durable
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+
+
+def load_into(ctrl: Controller, site: SiteModel, path: Path, max_age_s: float) -> bool:
+    """Restore `ctrl` from `path` if the file is there and fits; warn and return False otherwise. Never raises."""
+    if not supports_state(ctrl):
+        return False
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        log.info("no state file at %s: starting fresh", path)
+        return False
+    except (OSError, UnicodeDecodeError) as exc:
+        log.warning("state file %s unreadable (%s): starting fresh", path, exc)
+        return False
+    try:
+        restore_state(ctrl, site, json.loads(text), max_age_s)
+    except (ValueError, TypeError, KeyError) as exc:  # json.JSONDecodeError and StateMismatch are ValueErrors
+        log.warning("state file %s ignored (%s): starting fresh", path, exc)
+        return False
+    log.info("restored controller state from %s", path)
+    return True
+
+
+def save_from(ctrl: Controller, site: SiteModel, path: Path) -> bool:
+    """Save `ctrl`'s state to `path`; log and return False on an I/O error (a full disk must not stop the loop)."""
+    doc = controller_state(ctrl, site)
+    if doc is None:
+        return False
+    try:
+        save_state_file(path, doc)
+    except OSError as exc:
+        log.warning("could not save state to %s: %s", path, exc)
+        return False
+    return True
