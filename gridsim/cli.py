@@ -102,11 +102,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     out = args.out or Path("out") / f"{loaded.scenario.name}-{name}"
     res = run(loaded, controller=args.controller, seed=args.seed, progress=None if args.quiet else _progress)
     summary = summarize(res)
-    write_run(res, out)
+    written = write_run(res, out, description=loaded.scenario.description)
     if not args.quiet:
         print(json.dumps({k: summary[k] for k in ("breaker_trips", "pcc_overlimit_s", "ramp_violation_s",
                                                   "peak_grid_mw", "goodput_pct", "sim_speed_x_realtime")}))  # fmt: skip
-        print(f"wrote {out}/summary.json, timeseries.csv, jobs.csv, overview.png, report.md")
+        print(f"wrote {out}/: {', '.join(p.name for p in written)}")
     return 0
 
 

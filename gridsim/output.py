@@ -1,4 +1,11 @@
-"""Writes a run's results to a directory, all or nothing: files are written beside it and moved in at the end."""
+"""Writes a run's results to a directory, all or nothing: files are written beside it and moved in at the end.
+
+summary.json     the metrics contract (docs/models.md, "Metrics")
+timeseries.csv   every campus-level series at every tick
+jobs.csv         per-job cap, floor, speed and state at every control period
+report.md        the scenario, a verdict, the metrics with units, and the figures with captions
+*.png            the figures (gridsim.report.FIGURES) and overview.png
+"""
 
 from __future__ import annotations
 
@@ -10,10 +17,18 @@ from pathlib import Path
 import pandas as pd
 
 from gridsim.engine import SimResult
-from gridsim.report import overview_png, report_md
+from gridsim.report import report_md, write_figures
 
 
-def write_run(res: SimResult, out_dir: Path) -> list[Path]:
+def write_run(res: SimResult, out_dir: Path, description: str | None = None) -> list[Path]:
+    """Write every file of a run into `out_dir` (its summary filled by gridsim.metrics.summarize first).
+
+    `description` is the scenario's question, printed at the top of report.md. Nothing lands in `out_dir` unless
+    everything was written: the files are staged in a temporary directory beside it and moved in at the end.
+    Returns the files written, sorted by name.
+    """
+    if not res.summary:
+        raise ValueError("summarize the result before writing it (gridsim.metrics.summarize)")
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}.") as tmp:
@@ -25,8 +40,8 @@ def write_run(res: SimResult, out_dir: Path) -> list[Path]:
             for key in ("job_cap_w", "job_floor_w", "job_speed_frac", "job_state"):
                 jobs[f"{name}.{key.removeprefix('job_')}"] = res.period[key][:, j]
         jobs.to_csv(stage / "jobs.csv", index=False, float_format="%.6g")
-        overview_png(res, stage / "overview.png")
-        (stage / "report.md").write_text(report_md(res, "overview.png"))
+        figures = write_figures(res, stage)
+        (stage / "report.md").write_text(report_md(res, figures=figures, description=description))
         out_dir.mkdir(exist_ok=True)
         written = []
         for f in sorted(stage.iterdir()):
