@@ -116,3 +116,26 @@ def test_override_is_validated_like_the_file(tmp_path: Path, capsys: pytest.Capt
     path = _write(tmp_path, MINIMAL)
     assert main(["validate", str(path), "--set", "engine.tick_s=-1"]) == 2
     assert "engine.tick_s" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (
+            "timestamp, power.draw [W]\r\n2025/12/10 17:40:10.592, 18.14 W\r\n2025/12/10 17:40:10.6, lots W\r\n",
+            "trace.csv:3",
+        ),
+        ("time,power\n1,2\n", "header"),
+        ("", "empty"),
+    ],
+)
+def test_malformed_trace_file_is_one_line_exit_2_nothing_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, expected: str
+) -> None:
+    (tmp_path / "trace.csv").write_text(content, newline="")
+    path = _write(tmp_path, MINIMAL.replace('name = "j"', 'name = "j"\nkind = "trace"\ntrace_path = "trace.csv"'))
+    out = tmp_path / "out"
+    assert main(["run", str(path), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "jobs[0].trace_path" in err and expected in err.lower()
+    assert not out.exists()
