@@ -198,7 +198,8 @@ class DimmerController:
         over_w = min(bus_now_w, float(under_caps_w[0])) - target - discharge_plan_w
         window = site.ramp_window_s
         self.excess_j = self.excess_j * math.exp(-dt / window) + max(over_w, 0.0) * dt
-        slack_w = (1.0 - p.ramp_margin_frac) * site.ramp_limit_w_per_min * window / 60.0
+        # half the margin: the leaky integral forgets a burst faster than the utility's two-window difference does
+        slack_w = 0.5 * (1.0 - p.ramp_margin_frac) * site.ramp_limit_w_per_min * window / 60.0
         grid_cut = max(over_w, 0.0) if self.excess_j / window > slack_w else 0.0
         fill_w = max(-gap - charge_w, 0.0)
 
