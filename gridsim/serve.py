@@ -17,6 +17,14 @@ last written — honouring leases as real equipment would: a rack device whose l
 to WSetRvrt (0 W) once WSetRvrtTms passes without a write. A rack device nobody has written yet runs hands-off.
 Every register access happens on the event loop's thread, so a read never sees half a publication.
 
+The engine runs its first control period hands-off and calls the controller's seat first at t = one period. With
+`hold_until_first_write`, the plant stops there: it publishes that observation and waits (plant time frozen) for a
+client's first accepted write — then for every rack device and the battery to be written, or HOLD_GRACE_WALL_S of
+wall time, so one whole daemon cycle lands — and applies it from that instant, as the in-process engine applies
+its controller's first step. A served run then starts exactly like the in-process run of the same scenario instead
+of drifting hands-off for as long as the daemon takes to connect, discover and decide. A plant nobody writes to
+holds until `stop()`.
+
 Every write is recorded (`writes`), including refused ones. At the end the normal run outputs are written with
 `gridsim.output.write_run` (summary.json, time series, plots, report.md) plus `serve.json` (writes, refusals,
 lease expiries, the device map). In a served run `controller_step_ms_*` measure the adapter's wait for wall time,
@@ -61,6 +69,9 @@ MAX_UNIT = 247  # Modbus device ids 1..247
 SUNSPEC_BASE = 40000
 ILLEGAL_ADDRESS = 2
 ILLEGAL_VALUE = 3
+# hold_until_first_write: after the first accepted write, how long (wall seconds) the rest of that cycle's writes
+# may take to land before the plant starts anyway (it starts at once when every rack device and the battery are in)
+HOLD_GRACE_WALL_S = 0.25
 
 # SunSpec device images: which models, in chain order
 METER_MODELS = (R.MODEL_1, R.MODEL_203)
@@ -142,6 +153,9 @@ class PlantServer:
 
     Leases and reversion times are counted in plant time (wall time x speed), the clock the engine runs on: a
     daemon that steps once per simulated control period renews them exactly as it would at speed 1.
+
+    `hold_until_first_write`: the plant stops at its first control point (t = one control period, the
+    observation published) until a client writes, and applies that write from there (module docstring).
     """
 
     def __init__(
@@ -155,6 +169,7 @@ class PlantServer:
         seed: int | None = None,
         safe_cap_w: float | None = None,
         controller_label: str = "daemon",
+        hold_until_first_write: bool = False,
     ) -> None:
         if not speed > 0:
             raise InputError("--speed", "speed", f"a positive number (got {speed!r})")
@@ -213,6 +228,11 @@ class PlantServer:
         self._t0 = math.nan
         self._sim: Simulation | None = None
         self._pending_bess_online: bool | None = None
+        # hold_until_first_write: plant time stays at _hold_t_s while holding; the first accepted write's wall time
+        self.hold_until_first_write = bool(hold_until_first_write)
+        self.holding = self.hold_until_first_write
+        self._hold_t_s = 0.0
+        self._first_write_wall_s: float | None = None
 
     # -- public ------------------------------------------------------------------------------------------------
 
@@ -256,7 +276,9 @@ class PlantServer:
         }
 
     def plant_time_s(self) -> float:
-        """Plant (simulated) time now: wall time since the start x speed; NaN before start."""
+        """Plant (simulated) time now: wall time since the start x speed; NaN before start; frozen while holding."""
+        if self.holding:
+            return self._hold_t_s
         return (time.monotonic() - self._t0) * self.speed
 
     async def start(self) -> None:
@@ -478,7 +500,10 @@ class PlantServer:
         words = [int(v) for v in values]
         t_plant = self.plant_time_s()
         code = self._apply_write(img, address, words, t_plant)
-        self.writes.append(WriteRecord(time.monotonic(), t_plant, img.unit, address, tuple(words), code))
+        now = time.monotonic()
+        self.writes.append(WriteRecord(now, t_plant, img.unit, address, tuple(words), code))
+        if code is None and self._first_write_wall_s is None:
+            self._first_write_wall_s = now
         return ExcCodes(code) if code else None
 
     def _apply_write(self, img: _Image, address: int, words: list[int], t_plant: float) -> int | None:
@@ -586,6 +611,8 @@ class PlantServer:
 
     def _step(self, obs: Observation) -> Actions:
         """Called by the engine every control period, in the worker thread."""
+        if self.holding:
+            self._hold(obs)
         target = self._t0 + obs.t_s / self.speed
         while True:
             left = target - time.monotonic()
@@ -597,9 +624,13 @@ class PlantServer:
         if self._pending_bess_online is not None and self._sim is not None:
             self._sim.bess.online = self._pending_bess_online
             self._pending_bess_online = None
+        return self._on_loop(self._exchange(obs))
+
+    def _on_loop(self, coro: Any) -> Any:
+        """Run `coro` on the event loop's thread and wait for its result (from the worker thread)."""
         loop = self._loop
         assert loop is not None
-        fut = asyncio.run_coroutine_threadsafe(self._exchange(obs), loop)
+        fut = asyncio.run_coroutine_threadsafe(coro, loop)
         while True:
             try:
                 return fut.result(timeout=0.25)
@@ -607,6 +638,28 @@ class PlantServer:
                 if self._stop.is_set():
                     fut.cancel()
                     raise _Stopped from None
+
+    def _hold(self, obs: Observation) -> None:
+        """hold_until_first_write, at the first control point: publish `obs` with plant time frozen at its time,
+        wait for the first accepted write (then for the rest of that cycle's), restart the clock from there."""
+        self._hold_t_s = obs.t_s
+        self._on_loop(self._publish_async(obs))
+        log.info("holding the plant at t = %g s until the first write", obs.t_s)
+        while True:
+            if self._stop.is_set():
+                raise _Stopped
+            first = self._first_write_wall_s
+            if first is not None and (
+                (self.dev_written.all() and self.bess_written) or time.monotonic() - first >= HOLD_GRACE_WALL_S
+            ):
+                break
+            self._stop.wait(0.005)
+        self._t0 = time.monotonic() - obs.t_s / self.speed  # before holding goes False: plant_time_s stays monotone
+        self.holding = False
+        log.info("first write: the plant runs from t = %g s", obs.t_s)
+
+    async def _publish_async(self, obs: Observation) -> None:
+        self._publish(obs)
 
     async def _exchange(self, obs: Observation) -> Actions:
         """On the loop thread: publish the observation, then decode what the devices were told."""
@@ -756,6 +809,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speed", type=float, default=1.0, help="plant seconds per wall second (default 1)")
     p.add_argument("--out", type=Path, help="output directory (default: out/<scenario>-served)")
     p.add_argument("--seed", type=int, help="random seed (default: the scenario's)")
+    p.add_argument("--hold-until-first-write", action="store_true",
+                   help="stop the plant at its first control point until a client writes (a served run then starts "
+                   "like the in-process one)")  # fmt: skip
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a scenario key, e.g. --set duration_s=600")  # fmt: skip
 
@@ -770,7 +826,15 @@ def run_serve(args: argparse.Namespace) -> int:
         raise InputError("--speed", "speed", f"a positive number (got {args.speed!r})")
     loaded = load_scenario(args.scenario, args.overrides)
     out = args.out or Path("out") / f"{loaded.scenario.name}-served"
-    server = PlantServer(loaded, host=args.host, port=args.port, speed=args.speed, out_dir=out, seed=args.seed)
+    server = PlantServer(
+        loaded,
+        host=args.host,
+        port=args.port,
+        speed=args.speed,
+        out_dir=out,
+        seed=args.seed,
+        hold_until_first_write=bool(getattr(args, "hold_until_first_write", False)),
+    )
     return asyncio.run(_serve_until_done(server))
 
 
@@ -784,7 +848,8 @@ async def _serve_until_done(server: PlantServer) -> int:
     dur = server.loaded.scenario.duration_s
     sys.stderr.write(
         f"gridsim: serving {server.loaded.scenario.name} on {server.host}:{server.port} at {server.speed:g}x "
-        f"({dur / server.speed:.0f} s of wall time)\n"
+        f"({dur / server.speed:.0f} s of wall time"
+        f"{', held at the first control point until a client writes' if server.holding else ''})\n"
     )
     try:
         await server.done.wait()
@@ -798,7 +863,8 @@ async def _serve_until_done(server: PlantServer) -> int:
 
 
 def main_serve(argv: Sequence[str] | None = None) -> int:
-    """`gridsim serve SCENARIO [--host H] [--port N] [--speed X] [--out DIR]`; exit 0 done, 2 bad input, 1 else."""
+    """`gridsim serve SCENARIO [--host H] [--port N] [--speed X] [--out DIR] [--hold-until-first-write]`; exit 0 done,
+    2 bad input, 1 else."""
     p = argparse.ArgumentParser(prog="gridsim serve", description="Serve the simulated plant over Modbus TCP.")
     add_serve_arguments(p)
     args = p.parse_args(argv)

@@ -118,7 +118,9 @@ class ModbusTcpBus:
     `max_backoff_s`) with each consecutive failure has passed, requests fail at once (DeviceUnreachable), so a
     dead endpoint costs a cycle one connection attempt, not a pile of timeouts. A Modbus exception reply is an
     answer, not a failure: it raises DeviceRefused at once, without retrying. Requests to one endpoint are
-    serialised (one in flight per connection, as pymodbus would anyway); concurrent callers simply queue.
+    serialised (one in flight per connection, as pymodbus would anyway); concurrent callers simply queue. A request
+    cancelled while on the wire (the caller's own timeout, `asyncio.wait_for` around a device read) drops the
+    connection before the cancellation goes on: a late reply is never matched to another request.
     """
 
     def __init__(
@@ -210,6 +212,10 @@ class ModbusTcpBus:
         )
         try:
             ok = await asyncio.wait_for(client.connect(), self.timeout_s * 2)
+        except asyncio.CancelledError:  # the caller gave up: close the half-open client, do not mark us down
+            with contextlib.suppress(Exception):
+                client.close()
+            raise
         except Exception as exc:  # pymodbus raises several kinds here (OSError, TimeoutError, its own)
             ok = False
             log.debug("connect %s failed: %s", self.endpoint, exc)
@@ -265,6 +271,14 @@ class ModbusTcpBus:
                     else:
                         coro = client.write_registers(address, values, device_id=unit)  # type: ignore[attr-defined]
                     resp = await asyncio.wait_for(coro, self.timeout_s * 1.5)
+                except asyncio.CancelledError:
+                    # The caller's own timeout cancelled us mid-request. The reply may still come, and on this
+                    # connection the next request would queue behind it on the device, and meet it: pymodbus skips
+                    # it only when the transaction id tells it apart (not from a device that answers with id 0).
+                    # Drop the connection (the next request reconnects) and let the cancellation through.
+                    self.errors += 1
+                    self._drop()
+                    raise
                 except (ModbusException, TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
                     self.errors += 1
                     self._drop()  # a late reply must never be matched to the next request

@@ -115,7 +115,9 @@ class DeviceHandle:
     last: ReadingLike | None = None  # the last good reading
     fresh_t_s: float = math.nan  # when its values were last known new (update_count moved), monotonic
     last_count: float = math.nan  # the device's update_count at the last good read (NaN: it has none)
-    stuck: bool = False  # answering, but its update_count has not moved for longer than stale_s
+    stuck: bool = False  # answering, but its update_count (a meter: its value) has not moved for too long
+    value_w: float = math.nan  # meters: the last power read, and when it last changed (monotonic)
+    value_t_s: float = math.nan
     failures: dict[str, int] = field(default_factory=lambda: {"read": 0, "write": 0})  # in a row, by operation
     flagged: bool = False
 
@@ -321,13 +323,26 @@ def safe_actions(site: SiteModel, safe_cap_w: float, last_cap_w: FloatArray | No
 
 
 def enforce_safety(
-    site: SiteModel, act: Actions, obs: Observation, safe_cap_w: float, stale_s: float
+    site: SiteModel,
+    act: Actions,
+    obs: Observation,
+    safe_cap_w: float,
+    stale_s: float,
+    last_cap_w: FloatArray | None = None,
+    hold_after_s: float = math.inf,
 ) -> tuple[Actions, int]:
     """Whatever the controller: caps in the GPU's range, stale racks (all of them if the PCC is stale) at or below
-    the safe cap, floors at or below caps, the battery within its rating. Returns the actions and the racks held."""
+    the safe cap, floors at or below caps, the battery within its rating. A rack whose reading is older than
+    `hold_after_s` (not stale yet, but no longer arriving) keeps at most the cap last written (`last_cap_w`): between
+    a reading stopping and the stale limit, no cap rises on it. Returns the actions and the racks held."""
     gpu = site.gpu
     cap = np.asarray(act.rack_cap_w, dtype=np.float64)
     cap = np.where(np.isfinite(cap), cap, safe_cap_w)
+    if last_cap_w is not None:
+        late = ~np.isfinite(obs.rack_power_w) | (obs.rack_age_s > hold_after_s)
+        if not (math.isfinite(obs.pcc_power_w) and obs.pcc_age_s <= hold_after_s):
+            late = np.ones(site.n_racks, dtype=bool)
+        cap = np.where(late, np.minimum(cap, last_cap_w), cap)
     stale = ~(np.isfinite(obs.rack_power_w) & (obs.rack_age_s <= stale_s))
     if not (math.isfinite(obs.pcc_power_w) and obs.pcc_age_s <= stale_s):
         stale = np.ones(site.n_racks, dtype=bool)
@@ -577,6 +592,9 @@ class Daemon:
         """Keep `r` as the device's last good reading. A device with an update counter (dimmer-rack-v1,
         dimmer-site-v1) whose counter has not moved is answering with old values: they age from the last move."""
         h.last = r
+        if h.kind == "meter":
+            self._note_meter(h, r)
+            return
         count = _num(r.values, "update_count")
         if not math.isfinite(count) or count != h.last_count or not math.isfinite(h.fresh_t_s):
             h.fresh_t_s = r.t_s
@@ -587,6 +605,25 @@ class Daemon:
             h.stuck = True
             log.warning("device %s: update_count stuck at %.0f: its readings are stale", h.name, count)
         h.last_count = count
+
+    def _note_meter(self, h: DeviceHandle, r: ReadingLike) -> None:
+        """A SunSpec meter has no update counter: a reading that has not changed by one count for longer than
+        frozen_meter_s is a frozen meter (a campus load moves every iteration), and its value ages from its last
+        change."""
+        value = _num(r.values, "power_w")
+        if not math.isfinite(h.value_t_s) or value != h.value_w:
+            h.value_w, h.value_t_s = value, r.t_s
+        frozen_s = (r.t_s - h.value_t_s) * self.speed
+        if frozen_s > self.loaded.config.safety.frozen_meter_s:
+            if not h.stuck:
+                log.warning("device %s: reading frozen at %.0f W for %.1f s: treated as stale", h.name, value, frozen_s)
+            h.stuck = True
+            h.fresh_t_s = h.value_t_s
+        else:
+            if h.stuck:
+                log.info("device %s: updating again", h.name)
+            h.stuck = False
+            h.fresh_t_s = r.t_s
 
     def _failed(self, h: DeviceHandle, op: str, error: str) -> None:
         h.failures[op] += 1
@@ -652,7 +689,8 @@ class Daemon:
             act = safe_actions(site, safe_cap, self.last_cap_w)
             act = dataclasses.replace(act, reasons=(Reason("safety", f"controller failed: {error}"),))
         step_s = time.perf_counter() - t_step
-        act, held = enforce_safety(site, act, obs, safe_cap, safety.stale_s)
+        hold_after_s = safety.hold_after_periods * self.loaded.config.daemon.period_s
+        act, held = enforce_safety(site, act, obs, safe_cap, safety.stale_s, self.last_cap_w, hold_after_s)
         if held and error is None:
             reason = Reason("safety", f"stale telemetry: {held} rack cap(s) held at the safe level")
             act = dataclasses.replace(act, reasons=(*act.reasons, reason))
