@@ -17,6 +17,7 @@ from pydantic import Field, ValidationError, model_validator
 from dimmer.errors import InputError, from_validation_error
 from dimmer.site import SiteModel, build_site
 from dimmer.siteconfig import SiteSpec, Strict
+from dimmer.tomlfile import read_toml as read_toml_file
 from gridsim.plant.breakers import BreakerSpec
 from gridsim.plant.gpu import GpuActuationSpec
 from gridsim.plant.grid import FrequencySpec
@@ -261,18 +262,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
 
 def read_toml(path: Path) -> dict[str, Any]:
-    source = str(path)
-    try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise InputError(source, "(file)", "an existing scenario file") from None
-    except IsADirectoryError:
-        raise InputError(source, "(file)", "a file, not a directory") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(source, "(syntax)", f"valid TOML ({exc})") from None
-    except UnicodeDecodeError:
-        raise InputError(source, "(file)", "UTF-8 text") from None
+    return read_toml_file(path, "scenario file")
 
 
 def validate_scenario(raw: dict[str, Any], source: str) -> Scenario:

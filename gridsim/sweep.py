@@ -36,7 +36,6 @@ import math
 import os
 import tempfile
 import time
-import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +47,7 @@ from pydantic import Field, ValidationError
 from dimmer.control import controller_names, make_controller
 from dimmer.errors import DimmerError, InputError, from_validation_error, key_path
 from dimmer.siteconfig import Strict
+from dimmer.tomlfile import read_toml as read_toml_file
 from gridsim.compare import KEY_METRICS, csv_cell
 from gridsim.metrics import SUMMARY_KEYS
 from gridsim.scenario import LoadedScenario, apply_overrides, check_references, parse_override, validate_scenario
@@ -156,18 +156,7 @@ def _fmt_value(v: Any) -> str:
 
 
 def _read_sweep_toml(path: Path) -> dict[str, Any]:
-    source = str(path)
-    try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise InputError(source, "(file)", "an existing sweep file") from None
-    except IsADirectoryError:
-        raise InputError(source, "(file)", "a file, not a directory") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(source, "(syntax)", f"valid TOML ({exc})") from None
-    except UnicodeDecodeError:
-        raise InputError(source, "(file)", "UTF-8 text") from None
+    return read_toml_file(path, "sweep file")
 
 
 def _grid_key(key: str) -> str:

@@ -16,7 +16,6 @@ that accepts its params) run at load too. Loading touches no device.
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from dimmer.daemon.registers import RACK_MAX
 from dimmer.errors import InputError, from_validation_error
 from dimmer.site import SiteModel, build_site
 from dimmer.siteconfig import JobPlacementSpec, SiteSpec, Strict
+from dimmer.tomlfile import read_toml as read_toml_file
 
 DeviceKind = Literal["meter", "battery", "site", "racks"]
 
@@ -188,20 +188,7 @@ class LoadedConfig:
 
 
 def read_toml(path: Path) -> dict[str, Any]:
-    source = str(path)
-    try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise InputError(source, "(file)", "an existing site config file") from None
-    except IsADirectoryError:
-        raise InputError(source, "(file)", "a file, not a directory") from None
-    except PermissionError:
-        raise InputError(source, "(file)", "a readable file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(source, "(syntax)", f"valid TOML ({exc})") from None
-    except UnicodeDecodeError:
-        raise InputError(source, "(file)", "UTF-8 text") from None
+    return read_toml_file(path, "site config file")
 
 
 def load_config(path: str | Path) -> LoadedConfig:
