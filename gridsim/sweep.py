@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field, ValidationError
 
+from dimmer.atomicfile import write_atomic
 from dimmer.control import controller_names, make_controller
 from dimmer.errors import DimmerError, InputError, from_validation_error, key_path
 from dimmer.siteconfig import Strict
@@ -337,21 +338,6 @@ def run_task(raw: dict[str, Any], source: str, base_dir: str, controller: str) -
     return summarize(run(loaded, controller=controller))
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` so that a reader sees the whole file or none: a temporary file, then a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _load_summary(path: Path) -> dict[str, Any] | None:
     """A finished run's summary, or None when it is absent or not a whole summary (then the run is redone)."""
     try:
@@ -373,8 +359,8 @@ def _save(plan: SweepPlan, point: SweepPoint, summary: dict[str, Any], out_dir: 
         "grid": point.values,
         "controller": point.controller,
     }
-    _write_atomic(run_dir / "point.json", json.dumps(meta, indent=2) + "\n")
-    _write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")  # last: it marks the run done
+    write_atomic(run_dir / "point.json", json.dumps(meta, indent=2) + "\n")
+    write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")  # last: it marks the run done
 
 
 def _dask_client(address: str, timeout_s: float = 10.0) -> Any:

@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from dimmer.atomicfile import write_atomic
 from dimmer.control import Controller
 from dimmer.control.dimmer import DimmerController
 from dimmer.control.filters import LowPass, Window
@@ -205,26 +204,8 @@ def restore_state(
 
 
 def save_state_file(path: Path, doc: dict[str, Any]) -> None:
-    """Write `doc` to `path` atomically: a temporary file in the same folder, fsync, rename over the old one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(doc, separators=(",", ":"), allow_nan=False))  # one write, not one per token
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    try:  # make the rename itself durable
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
+    """Write `doc` to `path` atomically."""
+    write_atomic(path, json.dumps(doc, separators=(",", ":"), allow_nan=False))
 
 
 def load_into(ctrl: Controller, site: SiteModel, path: Path, max_age_s: float) -> bool:
