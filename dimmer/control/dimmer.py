@@ -191,6 +191,9 @@ class DimmerController:
         self.grid_target_w = target
         gap = bus_w - target  # > 0: the battery must give; < 0: it must take
         bess_w = float(np.clip(gap, -charge_w, discharge_w))
+        # Never charge into the interconnect limit, and give what it takes to stay under it: a load coming back (a
+        # restart, a return from backup) must not meet a battery still charging for the fall before it.
+        bess_w = max(bess_w, min(max(bus_now_w, bus_w) - grid_cap, discharge_w))
         limit[0] = min(float(limit[0]), obs.pcc_limit_w)
         # The utility's ramp is measured on window means, so a load above the grid target is cut only once its excess
         # over the ramp window would use up the slack the margin keeps (a slow swing around the level passes; a job
