@@ -32,7 +32,10 @@ def key_path(loc: Sequence[Any]) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out += ("." if out else "") + str(part)
+            name = str(part)
+            # TOML allows any character in a quoted key: show one that is not plain text quoted, so a key holding a
+            # line break cannot break the one-line error
+            out += ("." if out else "") + (name if name.isprintable() else repr(name))
     return out or "(top level)"
 
 

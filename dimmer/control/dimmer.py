@@ -277,6 +277,12 @@ class DimmerController:
         floor_release = self.floor_release_w_per_s * dt
         if fill_w > p.fill_deadband_frac * obs.pcc_limit_w and n_fill > 0:
             lift = fill_w * self.eta / n_fill
+            # no domain is filled past its soft threshold: bound the lift by each domain's room over its fill GPUs
+            fill_gpus = site.domain_load_w(np.where(fillable, site.rack_active_gpus, 0).astype(np.float64))
+            room_w = np.maximum(soft - env, 0.0)
+            inside = fill_gpus > 0
+            if inside.any():
+                lift = min(lift, float(np.min(room_w[inside] * self.eta / fill_gpus[inside])))
             released = np.maximum(self.floor_w - floor_release, 0.0)
             self.floor_w = np.where(fillable, np.maximum(self.floor_w, draw_now) + lift, released)
             reasons.append(Reason("trough", "demand falling faster than the grid may ramp down", value_w=fill_w))

@@ -1,0 +1,371 @@
+"""The dimmer controller driven through long random sequences of a misbehaving world (issue 6).
+
+A hypothesis RuleBasedStateMachine holds a small plant (1-3 rows of 2-4 racks, 1-3 jobs, with or without a
+campus battery): GPUs draw their demand under the caps and floors last sent (the plant obeys the controller), and
+rules change the world between control steps: new demand, time passing with nothing new, a rack's telemetry going
+stale or NaN, the PCC meter NaN, the battery tripping offline, a breaker heating, a curtailment, a derate, jobs
+stopping and starting. Every rule ends with one control step, and after every step:
+
+- the controller did not raise, and every action is finite;
+- every rack cap is within [min_cap, rated]; every floor within [0, min(cap, 0.9 rated)];
+- a rack whose telemetry was stale or missing (or every rack while the PCC meter is missing) never had its cap
+  raised, and sits at or below the safe cap;
+- the battery setpoint is within +/- its power (zero while offline or absent);
+- the planned load holds the ratings where load can still be shed (see `_check_plan` for the exact statement).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from dimmer.control import make_controller
+from dimmer.control.dimmer import DimmerController
+from dimmer.observation import Actions, Observation
+from dimmer.site import SiteModel, build_site
+from dimmer.siteconfig import JobPlacementSpec, LevelSpec, PccSpec, SiteSpec
+
+STALE_S = 5.0  # DimmerParams.stale_s default
+TOL = 1e-6  # relative tolerance on the plan against a rating
+QUIET_STEPS = 11  # envelope_s / period_s + 1: every window holds only readings under the caps in force
+
+
+def small_site(rows: int, racks: int, n_jobs: int, bess_mw: float) -> SiteModel:
+    """Rows rated 110 kW a rack (a GB300 rack draws up to ~126 kW: every row is oversubscribed)."""
+    spec = SiteSpec(
+        pcc=PccSpec(limit_mw=0.12 * rows * racks, ramp_mw_per_min=1.0),
+        spare_rack_frac=0.0,
+        levels=[LevelSpec(level="row", count=rows, rating_kw=110 * racks), LevelSpec(level="rack", count=racks)],
+        storage={"bess": {"power_mw": bess_mw, "energy_mwh": bess_mw}},
+    )
+    n = rows * racks
+    bounds = np.linspace(0, n, n_jobs + 1).round().astype(int)
+    jobs = [
+        JobPlacementSpec(name=f"j{i}", priority=i % 3, racks=(int(bounds[i]), int(bounds[i + 1])))
+        for i in range(n_jobs)
+        if bounds[i + 1] > bounds[i]
+    ]
+    return build_site(spec, jobs)
+
+
+class World:
+    """What the plant does between control steps, and the observation it reports."""
+
+    def __init__(self, site: SiteModel) -> None:
+        self.site = site
+        gpu = site.gpu
+        n, d = site.n_racks, site.n_domains
+        self.t_s = 0.0
+        self.demand_w = np.full(n, 0.8 * gpu.rated_w)  # per GPU, before caps
+        self.cap_w = np.full(n, gpu.rated_w)  # in force (the last actions)
+        self.floor_w = np.zeros(n)
+        self.bess_w = 0.0
+        self.rack_last_w = np.full(n, np.nan)  # what a stale reading repeats
+        self.rack_age_s = np.zeros(n)  # time since each rack last reported; grows while stale
+        self.rack_stale = np.zeros(n, dtype=bool)
+        self.rack_nan = np.zeros(n, dtype=bool)
+        self.meters_nan = False
+        self.pcc_nan = False
+        self.bess_online = site.bess.energy_j > 0
+        self.soc_frac = 0.6
+        self.thermal = np.zeros(d)
+        self.derate = np.ones(d)
+        self.pcc_scale = 1.0
+        self.job_running = np.ones(site.n_jobs, dtype=bool)
+        self.quiet_steps = 0  # control steps since the world last changed (new demand, a fault, a limit, a job)
+
+    def rack_true_w(self) -> np.ndarray:
+        site, gpu = self.site, self.site.gpu
+        running = np.zeros(site.n_racks, dtype=bool)
+        if site.n_jobs:
+            running = (site.rack_job >= 0) & self.job_running[np.maximum(site.rack_job, 0)]
+        draw = np.where(running, np.maximum(np.minimum(self.demand_w, self.cap_w), self.floor_w), gpu.idle_w)
+        out: np.ndarray = site.rack_power_w(draw)
+        return out
+
+    def observe(self, dt_s: float) -> Observation:
+        site = self.site
+        self.t_s += dt_s
+        self.quiet_steps += 1
+        true_w = self.rack_true_w()
+        fresh = ~self.rack_stale & ~self.rack_nan
+        self.rack_last_w = np.where(fresh, true_w, self.rack_last_w)
+        self.rack_age_s = np.where(fresh, 0.5, self.rack_age_s + dt_s)
+        rack_w = np.where(self.rack_nan, np.nan, self.rack_last_w)
+        rack_age = np.where(self.rack_nan, np.inf, self.rack_age_s)
+        dom = site.domain_load_w(true_w)
+        bess_w = self.bess_w if self.bess_online else 0.0
+        # a battery discharging at a steady setpoint drains; the SoC moves enough to reach its window's edges
+        if site.bess.energy_j > 0:
+            self.soc_frac = float(np.clip(self.soc_frac - bess_w * dt_s / site.bess.energy_j, 0.0, 1.0))
+        limit = site.domain_rating_w * self.derate
+        limit[0] = site.pcc_limit_w * self.pcc_scale
+        return Observation(
+            t_s=self.t_s,
+            rack_power_w=rack_w,
+            rack_load_w=rack_w,
+            rack_age_s=rack_age,
+            rack_cap_w=self.cap_w.copy(),
+            rack_floor_w=self.floor_w.copy(),
+            rack_bbu_soc_frac=np.full(site.n_racks, 0.8),
+            rack_energized=np.ones(site.n_racks, dtype=bool),
+            domain_power_w=np.full(site.n_domains, np.nan) if self.meters_nan else dom,
+            domain_age_s=np.full(site.n_domains, 0.5),
+            domain_limit_w=limit,
+            domain_thermal_frac=self.thermal.copy(),
+            pcc_power_w=math.nan if self.pcc_nan else float(dom[0] - bess_w),
+            pcc_age_s=0.5,
+            pcc_limit_w=float(limit[0]),
+            ramp_limit_w_per_min=site.ramp_limit_w_per_min,
+            grid_freq_hz=50.0,
+            bess_soc_frac=self.soc_frac if self.bess_online else math.nan,
+            bess_power_w=bess_w,
+            bess_online=self.bess_online,
+            job_running=self.job_running.copy(),
+        )
+
+    def apply(self, act: Actions) -> None:
+        self.cap_w = act.rack_cap_w.copy()
+        self.floor_w = act.rack_floor_w.copy()
+        self.bess_w = act.bess_setpoint_w
+
+
+def check_actions(
+    site: SiteModel, ctrl: DimmerController, obs: Observation, act: Actions, prev_cap: np.ndarray, quiet_steps: int
+) -> None:
+    """The invariants of one step (module docstring), given the observation it saw and the caps it sent before."""
+    gpu = site.gpu
+    cap, floor = act.rack_cap_w, act.rack_floor_w
+    assert cap.shape == (site.n_racks,) and floor.shape == (site.n_racks,)
+    assert np.all(np.isfinite(cap)) and np.all(np.isfinite(floor))
+    assert np.all(cap >= gpu.min_cap_w - 1e-9) and np.all(cap <= gpu.rated_w + 1e-9)
+    assert np.all(floor >= 0.0)
+    assert np.all(floor <= np.minimum(cap, gpu.floor_max_frac * gpu.rated_w) + 1e-9)
+    assert math.isfinite(act.bess_setpoint_w)
+    assert abs(act.bess_setpoint_w) <= site.bess.power_w * (1 + 1e-9) + 1e-9
+    if not obs.bess_online:
+        assert act.bess_setpoint_w == 0.0
+    pcc_ok = math.isfinite(obs.pcc_power_w) and obs.pcc_age_s <= STALE_S
+    stale = ~np.isfinite(obs.rack_power_w) | (obs.rack_age_s > STALE_S) | (not pcc_ok)
+    assert np.all(cap[stale] <= prev_cap[stale] + 1e-9), "a stale rack's cap was raised"
+    assert np.all(cap[stale] <= ctrl.safe_cap_w + 1e-9), "a stale rack's cap is above the safe cap"
+    _check_plan(site, ctrl, obs, act, quiet_steps)
+
+
+def _check_plan(site: SiteModel, ctrl: DimmerController, obs: Observation, act: Actions, quiet_steps: int) -> None:
+    """The plan against the ratings, stated as what the controller does promise (measured, see below).
+
+    The plan is finite for every domain. And once the world has been unchanged for longer than the envelope window
+    (QUIET_STEPS control periods: every window holds only readings under the caps in force) with every reading
+    fresh, every domain d that still has sheddable load (a job rack under d whose GPUs draw above the GPU's minimum cap
+    under the cap just sent)
+    and no trough-filling floor under it is planned at most one period's cap rise above its limit:
+
+        planned_d <= limit_d * (1 + TOL) + cap_rise_w_per_s * dt * job_gpus_d / eta
+        (the campus planned net of the battery setpoint, against the interconnect limit in force)
+
+    The one-rise slack is real: caps rise against the RMS of the window, which lags a rising load, so the last rise
+    can carry the plan just past the rating (measured: at most 0.07 of a rise in 8,644 quiet domain-steps).
+    Not asserted, because the controller does not hold them (measured over 400 x 30 steps, in units of one rise):
+    in transients the plan may exceed a rating by up to ~47 rises (peak envelopes against RMS, readings lagging a
+    job restart); and floors are raised without looking at the domain's rating (test_trough_floors_*, xfail).
+    """
+    planned = act.planned_domain_w
+    assert planned is not None and planned.shape == (site.n_domains,)
+    assert np.all(np.isfinite(planned))
+    stale_any = bool(np.any(~np.isfinite(obs.rack_power_w) | (obs.rack_age_s > STALE_S)))
+    if quiet_steps < QUIET_STEPS or stale_any or not math.isfinite(obs.pcc_power_w):
+        return
+    job_rack = (site.rack_job >= 0).astype(np.float64)
+    # a GPU can give up load only if it draws above the minimum cap under its new cap (the fixed host load and a
+    # GPU already drawing less than the minimum cap are not sheddable)
+    draw_w = np.minimum(site.gpu_draw_for_rack_w(obs.rack_load_w), act.rack_cap_w)
+    sheddable = site.incidence @ (job_rack * (draw_w > site.gpu.min_cap_w + 1e-6)) > 0
+    floored = site.incidence @ (act.rack_floor_w > 0).astype(np.float64) > 0
+    job_gpus = site.incidence @ (job_rack * site.rack_active_gpus)
+    rise_w = ctrl.p.cap_rise_w_per_s * ctrl.p.period_s * job_gpus / site.rectifier_eff
+    net = planned.copy()
+    net[0] -= act.bess_setpoint_w
+    bound = obs.domain_limit_w * (1 + TOL) + rise_w
+    held = sheddable & ~floored
+    bad = np.flatnonzero(held & (net > bound))
+    assert bad.size == 0, (
+        f"quiet for {quiet_steps} steps, {site.domain_name[bad[0]]} planned {net[bad[0]]:.0f} W "
+        f"over its limit {obs.domain_limit_w[bad[0]]:.0f} W + one rise {rise_w[bad[0]]:.0f} W with sheddable load"
+    )
+
+
+class DimmerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps = 0
+
+    @initialize(
+        rows=st.integers(1, 3), racks=st.integers(2, 4), n_jobs=st.integers(1, 3), bess_mw=st.sampled_from([0.0, 0.3])
+    )
+    def build(self, rows: int, racks: int, n_jobs: int, bess_mw: float) -> None:
+        self.site = small_site(rows, racks, n_jobs, bess_mw)
+        ctrl = make_controller("dimmer", self.site)
+        assert isinstance(ctrl, DimmerController)
+        self.ctrl = ctrl
+        self.world = World(self.site)
+        self.prev_cap = np.full(self.site.n_racks, self.site.gpu.rated_w)
+
+    def _changed(self) -> None:
+        self.world.quiet_steps = 0
+
+    def _step(self, dt_s: float = 1.0) -> None:
+        obs = self.world.observe(dt_s)
+        act = self.ctrl.step(obs)
+        check_actions(self.site, self.ctrl, obs, act, self.prev_cap, self.world.quiet_steps)
+        self.prev_cap = act.rack_cap_w.copy()
+        self.world.apply(act)
+        self.steps += 1
+
+    # -- time and load -------------------------------------------------------------------------------------------
+
+    @rule(data=st.data(), dt_s=st.sampled_from([0.5, 1.0, 1.0, 3.0]))
+    def new_demand(self, data: st.DataObject, dt_s: float) -> None:
+        n = self.site.n_racks
+        frac = data.draw(st.lists(st.floats(0.0, 1.3), min_size=n, max_size=n), label="demand_frac")
+        self.world.demand_w = np.array(frac) * self.site.gpu.rated_w
+        self._changed()
+        self._step(dt_s)
+
+    @rule(data=st.data())
+    def swing(self, data: st.DataObject) -> None:
+        """Every running GPU to one level (a synchronous training swing)."""
+        self.world.demand_w[:] = data.draw(st.floats(0.1, 1.2), label="level") * self.site.gpu.rated_w
+        self._changed()
+        self._step()
+
+    @rule(n=st.integers(1, 15))
+    def hold(self, n: int) -> None:
+        """Time passes with the world unchanged (long enough for windows to fill and caps to rise)."""
+        for _ in range(n):
+            self._step()
+
+    # -- faults --------------------------------------------------------------------------------------------------
+
+    @rule(data=st.data(), mode=st.sampled_from(["stale", "nan", "recover"]))
+    def rack_telemetry(self, data: st.DataObject, mode: str) -> None:
+        r = data.draw(st.integers(0, self.site.n_racks - 1), label="rack")
+        self.world.rack_stale[r] = mode == "stale"
+        self.world.rack_nan[r] = mode == "nan"
+        self._changed()
+        self._step()
+
+    @rule(nan=st.booleans())
+    def pcc_meter(self, nan: bool) -> None:
+        self.world.pcc_nan = nan
+        self._changed()
+        self._step()
+
+    @rule(nan=st.booleans())
+    def domain_meters(self, nan: bool) -> None:
+        self.world.meters_nan = nan
+        self._changed()
+        self._step()
+
+    @rule(online=st.booleans())
+    def battery(self, online: bool) -> None:
+        self.world.bess_online = online and self.site.bess.energy_j > 0
+        self._changed()
+        self._step()
+
+    @rule(data=st.data(), frac=st.floats(0.0, 1.2))
+    def thermal(self, data: st.DataObject, frac: float) -> None:
+        d = data.draw(st.integers(0, self.site.n_domains - 1), label="domain")
+        self.world.thermal[d] = frac
+        self._changed()
+        self._step()
+
+    # -- limits --------------------------------------------------------------------------------------------------
+
+    @rule(scale=st.floats(0.3, 1.0))
+    def curtail(self, scale: float) -> None:
+        self.world.pcc_scale = scale
+        self._changed()
+        self._step()
+
+    @rule(data=st.data(), factor=st.floats(0.5, 1.0))
+    def derate(self, data: st.DataObject, factor: float) -> None:
+        d = data.draw(st.integers(1, self.site.n_domains - 1), label="domain")
+        self.world.derate[d] = factor
+        self._changed()
+        self._step()
+
+    # -- jobs ----------------------------------------------------------------------------------------------------
+
+    @rule(data=st.data(), running=st.booleans())
+    def job(self, data: st.DataObject, running: bool) -> None:
+        j = data.draw(st.integers(0, self.site.n_jobs - 1), label="job")
+        self.world.job_running[j] = running
+        self._changed()
+        self._step()
+
+    @invariant()
+    def caps_in_range(self) -> None:
+        gpu = self.site.gpu
+        assert np.all((self.world.cap_w >= gpu.min_cap_w - 1e-9) & (self.world.cap_w <= gpu.rated_w + 1e-9))
+
+
+DimmerMachine.TestCase.settings = settings(stateful_step_count=30, deadline=None)
+test_dimmer_state_machine = DimmerMachine.TestCase
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open finding: the floor lift is bounded by each domain's room, but its base (the draw before the fall) "
+    "is not, so a floor can hold a row at caps set on a lagging RMS",
+)
+def test_trough_floors_never_plan_a_domain_over_its_rating() -> None:
+    """Shrunk by the machine: one row of two GB300 racks (220 kW row, racks ~126 kW at rated), one job, no battery.
+
+    The job stops; the campus load falls faster than the grid may ramp down, so the controller raises floors on the
+    stopped job's racks (a stopped job's racks may be filled) to 0.9 of rated. At 1,260 W a GPU the two racks draw
+    ~234 kW: the controller's own plan puts the row at 1.065 x its rating, with caps still above the minimum (it
+    reports "no sheddable load left", which is not so). Fill should be bounded by each domain's headroom.
+    """
+    site = small_site(rows=1, racks=2, n_jobs=1, bess_mw=0.0)
+    ctrl = make_controller("dimmer", site)
+    world = World(site)
+    world.bess_online = False
+    worst = 0.0
+    for i in range(12):
+        if i == 1:
+            world.job_running[0] = False
+        obs = world.observe(1.0)
+        act = ctrl.step(obs)
+        world.apply(act)
+        assert act.planned_domain_w is not None
+        worst = max(worst, float(np.max(act.planned_domain_w[1:] / obs.domain_limit_w[1:])))
+    assert worst <= 1.0 + TOL, f"a domain planned at {worst:.3f} x its rating by trough-filling floors"
+
+
+def test_quiet_world_plan_holds_the_rating_under_a_derate() -> None:
+    """Shrunk by the machine: a rack derated twice; caps climb back against the lagging RMS until the plan reaches
+    the rating, and stop within one rise of it."""
+    site = small_site(rows=1, racks=2, n_jobs=1, bess_mw=0.0)
+    ctrl = make_controller("dimmer", site)
+    assert isinstance(ctrl, DimmerController)
+    world = World(site)
+    prev = np.full(site.n_racks, site.gpu.rated_w)
+    for i in range(40):
+        if i in (0, 3):
+            world.derate[3] = 0.5234375 if i == 0 else 0.609375
+            world.quiet_steps = 0
+        world.bess_online = False
+        obs = world.observe(1.0)
+        act = ctrl.step(obs)
+        check_actions(site, ctrl, obs, act, prev, world.quiet_steps)
+        prev = act.rack_cap_w.copy()
+        world.apply(act)
+    assert act.planned_domain_w is not None
+    ratio = act.planned_domain_w[3] / obs.domain_limit_w[3]
+    assert 0.9 < ratio < 1.02  # it used the derated rack's room, and did not run away past it
