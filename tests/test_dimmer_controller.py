@@ -14,6 +14,7 @@ from dimmer.control import make_controller
 from dimmer.control.allocation import grant, job_gpus_per_domain, priority_groups, shed
 from dimmer.control.dimmer import DimmerController
 from dimmer.control.filters import LowPass, Window, progressive_cut_w
+from dimmer.control.plausibility import PccCheck, PccVerdict
 from dimmer.errors import InputError
 from dimmer.observation import Observation
 from dimmer.site import SiteModel, build_site
@@ -264,3 +265,154 @@ def test_bad_parameter_is_one_line() -> None:
         make_controller("dimmer", _site(), {"soft_frac": 1.5})
     with pytest.raises(InputError, match=r"params\.sof_frac: unknown key"):
         make_controller("dimmer", _site(), {"sof_frac": 0.5})
+
+
+# -- PCC meter plausibility ----------------------------------------------------------------------------------------
+
+LIMIT_W = 5e6  # the interconnect limit the check is fed: its tolerance is 2 % of it, 100 kW
+
+
+def _check() -> PccCheck:
+    return PccCheck(LIMIT_W, tol_frac=0.02, learn_tau_s=1800.0, stuck_s=3.0)
+
+
+def _healthy(check: PccCheck, steps: int, rack_w: float = 4e6, overhead_w: float = 0.0) -> PccVerdict:
+    """A meter that agrees with the racks, the load moving by 40 kW (0.8 % of the limit) period to period."""
+    v = None
+    for k in range(steps):
+        racks = rack_w + (2e4 if k % 2 else -2e4)
+        v = check.update(racks + overhead_w, True, racks, 0.0, 0.0, LIMIT_W, 1.0)
+        assert v.status == "ok" and v.used_w == racks + overhead_w
+    assert v is not None
+    return v
+
+
+def test_a_meter_drifting_low_is_caught_once_past_the_tolerance_and_the_racks_stand_in() -> None:
+    check = _check()
+    _healthy(check, 600)
+    flagged_at = None
+    for t in range(1, 901):
+        racks = 4e6 + (2e4 if t % 2 else -2e4)
+        pcc = racks * (1.0 - 0.5 * t / 3600.0)  # -50 % per hour, as scenarios/faults/meter-drift.toml
+        v = check.update(pcc, True, racks, 0.0, 0.0, LIMIT_W, 1.0)
+        if flagged_at is None and v.status != "ok":
+            flagged_at = t
+        if flagged_at is not None:
+            assert v.status == "low", t  # once caught, it stays caught while the drift goes on
+            assert v.used_w == v.estimate_w > pcc  # the larger of the two: the racks
+            assert abs(v.estimate_w - racks) < 0.01 * LIMIT_W, t  # the slow fit absorbs little of the drift
+    # the error reaches the 100 kW tolerance (plus one period's 40 kW movement) after ~250 s of drift
+    assert flagged_at is not None and 200 < flagged_at < 400, flagged_at
+
+
+def test_a_spike_is_not_believed_and_the_check_lets_go_when_it_ends() -> None:
+    check = _check()
+    _healthy(check, 300)
+    gain0, offset0 = check.fit()
+    for _ in range(60):
+        v = check.update(2 * 4e6, True, 4e6, 0.0, 0.0, LIMIT_W, 1.0)
+        assert v.status == "high"
+        # the most the racks make plausible, never the meter's 8 MW
+        assert v.estimate_w <= v.used_w <= v.estimate_w + v.tolerance_w < 4.5e6
+    v = check.update(4e6, True, 4e6, 0.0, 0.0, LIMIT_W, 1.0)
+    assert v.status == "ok" and v.used_w == 4e6
+    gain, offset = check.fit()
+    assert abs((gain - gain0) * 4e6 + offset - offset0) < 0.002 * LIMIT_W  # a minute of 4 MW error moved it < 10 kW
+
+
+def test_a_stuck_meter_is_caught_while_the_racks_move_and_not_while_they_do_not() -> None:
+    check = _check()
+    _healthy(check, 300)
+    frozen = 4.1e6
+    statuses = []
+    for k in range(10):
+        racks = 4e6 - 5e4 * k  # the racks come down, the meter does not
+        v = check.update(frozen, True, racks, 0.0, 0.0, LIMIT_W, 1.0)
+        statuses.append(v.status)
+        if v.status == "stuck":
+            assert v.used_w == v.estimate_w
+    assert statuses[0] == "ok" and "stuck" in statuses[1:5]  # within the 3 s it takes to call it stuck
+    # a flat load read by a meter that repeats itself is not a stuck meter
+    flat = _check()
+    for _ in range(30):
+        v = flat.update(4e6, True, 4e6, 0.0, 0.0, LIMIT_W, 1.0)
+        assert v.status == "ok"
+
+
+def test_a_healthy_meter_over_a_constant_unmetered_overhead_is_never_flagged() -> None:
+    check = _check()
+    rng = np.random.default_rng(7)
+    for _ in range(2000):
+        racks = float(rng.uniform(1e6, 4e6))  # jobs starting, crashing, swinging
+        bess = float(rng.uniform(-1e6, 1e6))
+        pcc = racks + 4e5 - bess  # cooling and offices: 400 kW no rack meter sees (4x the tolerance)
+        v = check.update(pcc, True, racks, bess, 0.0, LIMIT_W, 1.0)
+        assert v.status == "ok" and v.used_w == pcc
+    gain, offset = check.fit()
+    assert gain == pytest.approx(1.0, abs=1e-6) and offset == pytest.approx(4e5, rel=1e-6)
+
+
+def test_a_nan_meter_is_missing_the_racks_stand_in_and_the_fit_is_untouched() -> None:
+    check = _check()
+    _healthy(check, 100, overhead_w=2e5)
+    fit = check.fit()
+    v = check.update(math.nan, False, 3e6, 5e5, 0.0, LIMIT_W, 1.0)
+    assert v.status == "missing" and not v.implausible
+    assert v.used_w == pytest.approx(3e6 + 2e5 - 5e5)  # racks + learned overhead - battery
+    assert check.fit() == fit
+    v = check.update(3e6 + 2e5, True, 3e6, 0.0, 0.0, LIMIT_W, 1.0)
+    assert v.status == "ok"
+
+
+def test_stale_racks_widen_the_tolerance_rather_than_flag_the_meter() -> None:
+    check = _check()
+    _healthy(check, 100)
+    # a row of racks (1 MW) stopped reporting and is held at its last value; the meter sees it fall by 0.5 MW
+    v = check.update(3.5e6, True, 4e6, 0.0, 1e6, LIMIT_W, 1.0)
+    assert v.status == "ok" and v.used_w == 3.5e6
+
+
+def _half_meter(site: SiteModel, t_s: float, **kw: Any) -> Observation:
+    true_w = _obs(site, t_s, 700.0).pcc_power_w
+    return _obs(site, t_s, 700.0, pcc_power_w=0.5 * true_w, **kw)
+
+
+@pytest.mark.parametrize("check_frac", [0.02, 1.0])
+def test_the_controller_sheds_on_the_racks_when_the_meter_reads_low(check_frac: float) -> None:
+    """The meter falls to half the truth; later the PCC is curtailed to 0.55 MW under the racks' ~0.64 MW.
+
+    With the check (2 %) the campus is cut and the reason names the meter; with the check off (a tolerance of the
+    whole limit) the controller believes the meter and cuts nothing: the check is what makes the difference."""
+    site = _site()
+    ctrl = make_controller("dimmer", site, {"pcc_check_frac": check_frac})
+    for k in range(1, 11):
+        ctrl.step(_obs(site, float(k), 700.0))
+    for k in range(11, 25):
+        ctrl.step(_half_meter(site, float(k)))  # long enough for the envelopes to forget the true readings
+    act = ctrl.step(_half_meter(site, 25.0, pcc_limit_w=0.55e6))
+    campus_cut = any(r.domain == 0 and r.layer in ("grid", "emergency") for r in act.reasons)
+    named = any(r.layer == "safety" and "reads low" in r.reason and r.domain == 0 for r in act.reasons)
+    assert campus_cut == named == (check_frac < 1.0)
+    if named:
+        assert min(_job_caps(site, act.rack_cap_w).values()) < site.gpu.rated_w
+
+
+@pytest.mark.parametrize("check_frac", [0.02, 1.0])
+def test_the_battery_does_not_chase_a_spike_no_rack_confirms(check_frac: float) -> None:
+    """The meter jumps to twice the truth while the racks hold still. Believed, the spike is load the grid may not
+    follow: the battery discharges to hide it from the grid, so the real import falls, and rises again when the spike
+    ends (scenarios/faults/meter-spike.toml: 100 s over the ramp limit). With the check the battery stays put within
+    the tolerance and the reason names the meter; with the check off (a tolerance of the whole limit) it chases."""
+    site = _site(bess_mw=2.0, ramp_mw_per_min=1.0)
+    ctrl = make_controller("dimmer", site, {"pcc_check_frac": check_frac, "bess_smoothing_s": 0.0})
+    for k in range(1, 31):
+        ctrl.step(_obs(site, float(k), 700.0))
+    true_w = _obs(site, 31.0, 700.0).pcc_power_w
+    act = ctrl.step(_obs(site, 31.0, 700.0, pcc_power_w=2 * true_w))
+    named = any(r.layer == "safety" and r.domain == 0 and "reads high" in r.reason for r in act.reasons)
+    assert named == (check_frac < 1.0)
+    if named:
+        assert act.bess_setpoint_w <= 0.02 * site.pcc_limit_w + 1.0  # at most the tolerance's worth
+    else:
+        assert act.bess_setpoint_w > 0.5 * true_w  # most of the phantom load
+    assert act.rack_cap_w.min() == site.gpu.rated_w  # and nobody is capped for it either way

@@ -2,8 +2,10 @@
 
 Each scenario's `description` states the fault and what dimmer must hold. The table EXPECTED below is the same promise
 in numbers, one row per file: where the physics allows it, zero trips and zero seconds over the interconnect limit and
-the ramp limit; where it does not (a meter that lies, commands that arrive late, a campus returning from backup all at
-once), a bound measured with dimmer plus a margin, so that a regression past the documented degradation fails.
+the ramp limit; where it does not (commands that arrive late, a restart surge between two control periods, a campus
+returning from backup all at once), a bound measured with dimmer plus a margin, so that a regression past the
+documented degradation fails. A PCC meter that lies (drifts, spikes, sticks) is held to the rack readings and no longer
+costs a limit.
 docs/reliability.md holds the measured figures, with `none` for contrast.
 """
 
@@ -42,35 +44,38 @@ HELD = Bound()  # every limit held, no goodput lost beyond noise (measured 0.002
 EXPECTED: dict[str, Bound] = {
     # telemetry: a stale PCC meter is seen as stale; the curtailment is still met, at a goodput cost (measured 5.8 %)
     "pcc-stale": Bound(goodput_loss_pct=7.0),
-    # a stuck meter looks fresh: the limit holds but the caps swing (measured 143 s of ramp violation, 9.4 % lost)
-    "meter-stuck": Bound(ramp_s=170.0, goodput_loss_pct=11.0),
+    # a stuck meter looks fresh, but repeats itself while the racks move: the racks stand in and every limit holds
+    # (measured 5.3 % lost; 143 s over the ramp limit and 9.4 % lost before the plausibility check)
+    "meter-stuck": Bound(goodput_loss_pct=6.3),
     "racks-nan-row": Bound(goodput_loss_pct=8.5),  # measured 7.0 %
-    # a false 2x reading makes dimmer shed, and the recovery breaks the ramp limit (measured 100 s)
-    "meter-spike": Bound(ramp_s=120.0),
-    # an under-reading meter is believed: over the curtailed limit by a bounded amount (measured 575 s, 0.35 MW)
-    "meter-drift": Bound(overlimit_s=600.0, excess_mw=0.45, goodput_loss_pct=3.0),
-    # actuation: the healthy rows are shed harder and the limit holds (measured 3.7 %, 4.0 %, 7.1 % lost)
-    "cap-writes-lost-row": Bound(goodput_loss_pct=4.5),
-    "firmware-ignores-caps-row": Bound(goodput_loss_pct=5.0),
+    # a 2x reading no rack confirms is not believed (100 s over the ramp limit before the plausibility check)
+    "meter-spike": HELD,
+    # an under-reading meter is caught once past the tolerance and the racks stand in (measured 2.6 % lost; before
+    # the plausibility check 563-575 s over the curtailed limit, by up to 0.39 MW)
+    "meter-drift": Bound(goodput_loss_pct=3.1),
+    # actuation: the healthy rows are shed harder and the limit holds (measured 3.6 %, 3.9 %, 7.1 % lost)
+    "cap-writes-lost-row": Bound(goodput_loss_pct=4.3),
+    "firmware-ignores-caps-row": Bound(goodput_loss_pct=4.7),
     "agents-down-row": Bound(goodput_loss_pct=8.5),
-    # every command 10 s late: the curtailment is met late (measured 55 s over, by at most 0.12 MW; 7.5 % lost)
-    "commands-delayed": Bound(overlimit_s=70.0, excess_mw=0.2, goodput_loss_pct=9.0),
+    # every command 10 s late: the curtailment is met late (measured 50 s over, by at most 0.16 MW; 8.4 % lost)
+    "commands-delayed": Bound(overlimit_s=60.0, excess_mw=0.2, goodput_loss_pct=9.0),
     # storage: the crash at 300 s is ridden through without the failed store
     "bess-offline": HELD,
-    # the BESS charges into the restart surge at 420 s (measured 1.3 s over, by 0.88 MW): a controller defect
-    "bbu-failed": Bound(overlimit_s=3.0, excess_mw=1.1),
+    # the restart surge at 420 s arrives between two control periods (measured 1.3 s over, by 0.85 MW)
+    "bbu-failed": Bound(overlimit_s=1.5, excess_mw=1.0),
     "bbu-empty": HELD,
     "trays-disabled": HELD,
     # load
     "all-jobs-crash": HELD,
     "mass-restart": HELD,
-    # the return from backup is one step of the whole campus: the ramp limit cannot hold (measured 189 s); the BESS
-    # charging at full power into the return takes the import over the limit (measured 3.0 s, 1.23 MW): a defect
-    "backup-transfer": Bound(overlimit_s=1.5, ramp_s=200.0, excess_mw=1.5),
+    # the return from backup is one step of the whole campus: the ramp limit cannot hold (measured 193 s). The PCC
+    # reads 0 on backup while the racks run: the check plans on the racks, so the return finds the battery ready
+    # (measured 0 s over; 1.1 s, 1.22 MW before the plausibility check)
+    "backup-transfer": Bound(ramp_s=200.0),
     # grid
-    "curtailment": Bound(goodput_loss_pct=4.8),  # measured 3.9 %
+    "curtailment": Bound(goodput_loss_pct=4.8),  # measured 4.5 %
     "frequency-step": HELD,
-    "hot-day-derate": Bound(goodput_loss_pct=5.6),  # measured 4.6 %
+    "hot-day-derate": Bound(goodput_loss_pct=5.1),  # measured 4.3 %
 }
 
 

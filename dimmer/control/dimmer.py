@@ -23,11 +23,13 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import scipy.sparse as sp
 from pydantic import Field, ValidationError
 
 from dimmer.control import register
 from dimmer.control.allocation import grant, job_gpus_per_domain, priority_groups, shed
 from dimmer.control.filters import LowPass, Window, progressive_cut_w
+from dimmer.control.plausibility import PHRASES, PccCheck
 from dimmer.errors import from_validation_error
 from dimmer.observation import Actions, Observation, Reason
 from dimmer.site import SiteModel
@@ -75,6 +77,13 @@ class DimmerParams(Strict):
     bbu_reserve_frac: float = Field(default=0.1, gt=0, le=1)  # SoC band above the reserve where BBU use tapers
     # safety
     stale_s: float = Field(default=5.0, gt=0)  # a reading older than this is not trusted
+    # PCC meter plausibility: the agreement band between the PCC reading and the rack-based estimate, as a share of
+    # the interconnect limit in force. Under the 3 % grid margin (pcc_margin_frac), so an under-reading the check
+    # lets through cannot by itself take the import over the limit; over a revenue meter's 0.2-0.5 % and the rack
+    # sum's error once its bias is learned (per-rack errors of 1-2 % average out over many racks).
+    pcc_check_frac: float = Field(default=0.02, gt=0, le=1)
+    pcc_learn_tau_s: float = Field(default=1800.0, gt=0)  # how slowly the unmetered overhead is learned
+    pcc_stuck_s: float = Field(default=3.0, gt=0)  # an exactly repeated PCC reading this long, racks moving: stuck
     safe_cap_frac: float = Field(default=0.6, gt=0, le=1)  # of rated: where stale telemetry sends a cap
 
 
@@ -94,6 +103,9 @@ class DimmerController:
         n_env = max(1, round(params.envelope_s / params.period_s))
         self.domain_env = Window(site.n_domains, n_env)
         self.rack_env = Window(site.n_racks, n_env)
+        # cap rises granted over the last envelope window, newest first (W per domain): the RMS sees them late
+        self.recent_rise_w = np.zeros((n_env, site.n_domains))
+        self.rise_unseen_frac = 1.0 - np.arange(n_env) / n_env
         self.forecast = LowPass(params.forecast_tau_s)
         self.bus_mean = LowPass(params.bess_smoothing_s)
         self.rack_mean = LowPass(params.bbu_mean_tau_s)
@@ -110,6 +122,11 @@ class DimmerController:
         spread = ramp_w_per_s * params.ramp_margin_frac * self.eta / all_gpus
         default_release = spread if math.isfinite(spread) else gpu.rated_w
         self.floor_release_w_per_s = params.floor_release_w_per_s or default_release
+        self.pcc_check = PccCheck(site.pcc_limit_w, params.pcc_check_frac, params.pcc_learn_tau_s, params.pcc_stuck_s)
+        self.rack_max_w = site.rack_max_w()
+        # rack -> the domains above it (CSR rows), for the floors' bound
+        self._rack_domains = sp.csr_array(site.incidence.T)
+        self._rack_domains.sort_indices()
 
     # -- helpers ---------------------------------------------------------------------------------------------------
 
@@ -132,6 +149,33 @@ class DimmerController:
         out: FloatArray = np.where(self.site.rack_job >= 0, self.cap_w[self.job_rack], self.site.gpu.rated_w)
         return out
 
+    def _bound_floors(
+        self, floor_w: FloatArray, base_gpu_w: FloatArray, load_env: FloatArray, limit: FloatArray, bess_w: float
+    ) -> FloatArray:
+        """Floors brought back toward each rack's planned draw so that no domain is planned over its limit by them.
+
+        A floor is lifted from the rack's draw before the fall, which the lift's own bound (soft threshold less the
+        RMS envelope) does not see, so a floor can hold a row above a rating its caps were set against. What the
+        floors add to the plan is affine in each floor's excess over the rack's planned draw, so scaling every
+        excess by the smallest share of room among the domains above its rack keeps each domain within its room.
+        The campus is planned net of the battery setpoint against its limit in force.
+        """
+        site = self.site
+        job_racks = site.rack_job >= 0
+        excess_gpu = np.where(job_racks, np.maximum(floor_w - base_gpu_w, 0.0), 0.0)
+        if not excess_gpu.any():
+            return floor_w
+        base_rack = np.where(job_racks, site.rack_power_w(base_gpu_w), load_env)
+        base = site.domain_load_w(base_rack)
+        base[0] -= bess_w
+        added = site.domain_load_w(site.rack_active_gpus * excess_gpu / self.eta)
+        room = np.maximum(limit - base, 0.0)
+        share = np.where(added > room, room / np.maximum(added, 1e-9), 1.0)
+        # the smallest share among the domains above each rack (every rack is under the campus: no empty segment)
+        rack_share = np.minimum.reduceat(share[self._rack_domains.indices], self._rack_domains.indptr[:-1])
+        out: FloatArray = np.where(excess_gpu > 0, base_gpu_w + rack_share * excess_gpu, floor_w)
+        return out
+
     # -- the step --------------------------------------------------------------------------------------------------
 
     def step(self, obs: Observation) -> Actions:
@@ -148,9 +192,17 @@ class DimmerController:
         dom_ok = np.isfinite(obs.domain_power_w) & (obs.domain_age_s <= p.stale_s)
         domain_w = np.where(dom_ok, obs.domain_power_w, from_racks)
         pcc_ok = math.isfinite(obs.pcc_power_w) and obs.pcc_age_s <= p.stale_s
-        # the campus domain is the PCC: its meter and breaker carry the import, net of the battery behind it
+        # the campus domain is the PCC: its meter and breaker carry the import, net of the battery behind it; the
+        # reading is held to what the racks report, and where it is missing or implausible the racks stand in
         bess_now_w = obs.bess_power_w if obs.bess_online and math.isfinite(obs.bess_power_w) else 0.0
-        domain_w[0] = obs.pcc_power_w if pcc_ok else from_racks[0] - bess_now_w
+        unknown_w = float(self.rack_max_w @ ~rack_ok)
+        pcc = self.pcc_check.update(
+            obs.pcc_power_w, pcc_ok, float(from_racks[0]), bess_now_w, unknown_w, obs.pcc_limit_w, dt
+        )
+        domain_w[0] = pcc.used_w
+        if pcc.implausible:
+            what = PHRASES[pcc.status]
+            reasons.append(Reason("safety", what, domain=0, value_w=obs.pcc_power_w - pcc.estimate_w))
 
         dom_peak = self.domain_env.update(domain_w)
         # the racks' own load (before their BBUs): what the GPUs draw, what the BBUs must follow
@@ -223,7 +275,13 @@ class DimmerController:
         cut[0] = max(cut[0], grid_cut)
         release = p.release_frac * limit
         release[0] = soft[0] - 0.5 * (p.soft_frac - p.release_frac) * limit[0]
-        headroom = np.maximum(release - env, 0.0)
+        # A rise granted k periods ago is in only the last k readings of the window, so the RMS shows a share of it:
+        # the headroom is what is left once the rest is counted, or caps would climb past the release level for as
+        # many periods as the window takes to catch up.
+        # (The campus is held on its peak, which shows a rise one reading later: nothing to count there.)
+        unseen_w = self.rise_unseen_frac @ self.recent_rise_w
+        unseen_w[0] = 0.0
+        headroom = np.maximum(release - env - unseen_w, 0.0)
         # the campus may rise as far as the grid target plus what the battery can plan to give: a long peak leans
         # on the battery, and as its charge nears the reserve the plan tapers and the caps come back
         # (the grid target follows the load the caps allow, so the campus may also rise one ramp step a period)
@@ -250,6 +308,8 @@ class DimmerController:
             rise = np.minimum(p.cap_rise_w_per_s * dt, gpu.rated_w - new_cap)
             want = np.maximum(np.where((reduction > 0) | stale_job, 0.0, rise), 0.0)
             up = grant(headroom, self.gpus, want, self.groups, self.eta)
+            self.recent_rise_w = np.roll(self.recent_rise_w, 1, axis=0)
+            self.recent_rise_w[0] = self.gpus @ up / self.eta
             new_cap = new_cap + up
             # 5. safety: stale telemetry moves a cap down to the safe level, never up
             new_cap = np.where(stale_job, np.minimum(new_cap, self.safe_cap_w), new_cap)
@@ -289,6 +349,9 @@ class DimmerController:
         else:
             self.floor_w = np.maximum(self.floor_w - floor_release, 0.0)  # released at the ramp limit
         self.floor_w = np.minimum(self.floor_w, rack_cap)  # a floor never holds a GPU above its cap
+        # what each job rack is planned to draw under its cap without a floor: the base every floor is measured from
+        planned_gpu = np.where(job_racks, np.minimum(site.gpu_draw_for_rack_w(load_env), rack_cap), 0.0)
+        self.floor_w = self._bound_floors(self.floor_w, planned_gpu, load_env, limit, bess_w)
         floor = gpu.clamp_floor_w(self.floor_w)
 
         # 4. rack storage ---------------------------------------------------------------------------------------
@@ -303,7 +366,6 @@ class DimmerController:
         recharge = rs.bbu_power_w.copy()
 
         # planned load of every domain under these caps and floors, for the audit and the safety check
-        planned_gpu = np.where(job_racks, np.minimum(site.gpu_draw_for_rack_w(load_env), rack_cap), np.nan)
         planned_rack = np.where(job_racks, site.rack_power_w(np.maximum(planned_gpu, floor)), load_env)
         planned = site.domain_load_w(planned_rack)
         over = planned > obs.domain_limit_w

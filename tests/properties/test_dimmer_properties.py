@@ -1,5 +1,6 @@
 """The dimmer controller under arbitrary observation sequences: it never raises, caps stay in the GPU's range,
-floors stay under caps, and a rack whose telemetry is stale never has its cap raised."""
+floors stay under caps, and a rack whose telemetry is stale never has its cap raised. And the PCC meter check never
+overrides a healthy meter, whatever the load, the battery, the unmetered overhead and the limit do."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import math
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from dimmer.control import make_controller
+from dimmer.control.plausibility import PccCheck
 from dimmer.observation import Observation
 from dimmer.site import SiteModel, build_site
 from dimmer.siteconfig import JobPlacementSpec, LevelSpec, PccSpec, SiteSpec
@@ -108,3 +111,36 @@ def test_controller_invariants_under_arbitrary_observations(case: tuple[SiteMode
         assert np.all(cap[stale] <= prev_cap[stale] + 1e-9), "a stale rack's cap was raised"
         assert np.all(cap[stale] <= 0.6 * gpu.rated_w + 1e-9) or gpu.min_cap_w > 0.6 * gpu.rated_w
         prev_cap = cap
+
+
+@given(
+    overhead_w=st.floats(-2e5, 1e6),
+    steps=st.lists(
+        st.tuples(
+            st.floats(0.0, 5e6),  # rack sum: any load, any jump between periods
+            st.floats(-2e6, 2e6),  # battery: anything within a 2 MW rating, any jump
+            st.floats(0.5e6, 6e6),  # interconnect limit in force: curtailments come and go
+            st.sampled_from([0.5, 1.0, 3.0]),
+            st.booleans(),  # the meter goes missing now and then
+        ),
+        min_size=1,
+        max_size=200,
+    ),
+)
+def test_the_pcc_check_never_overrides_a_healthy_meter(
+    overhead_w: float, steps: list[tuple[float, float, float, float, bool]]
+) -> None:
+    """A meter that reads the truth (the racks, a constant overhead no rack meter sees, less the battery) is always
+    plausible: the check plans on its reading exactly, every period it is there."""
+    check = PccCheck(6e6, tol_frac=0.02, learn_tau_s=1800.0, stuck_s=3.0)
+    seen = False
+    for rack_w, bess_w, limit_w, dt_s, missing in steps:
+        pcc_w = rack_w + overhead_w - bess_w
+        v = check.update(math.nan if missing else pcc_w, not missing, rack_w, bess_w, 0.0, limit_w, dt_s)
+        if missing:
+            # the racks stand in, with the overhead learned once the meter has been seen
+            assert v.status == "missing"
+            assert v.used_w == pytest.approx(pcc_w if seen else rack_w - bess_w, abs=1.0)
+        else:
+            assert v.status == "ok" and v.used_w == pcc_w
+            seen = True
