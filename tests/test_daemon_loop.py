@@ -328,6 +328,9 @@ def test_state_saved_and_restored(tmp_path: Path) -> None:
         assert np.array_equal(c1.cap_w, c2.cap_w)  # type: ignore[attr-defined]
         assert c1.grid_target_w == c2.grid_target_w  # type: ignore[attr-defined]
         assert np.array_equal(c1.domain_env._buf, c2.domain_env._buf, equal_nan=True)  # type: ignore[attr-defined]
+        assert np.array_equal(c1.recent_rise_w, c2.recent_rise_w)  # type: ignore[attr-defined]
+        assert c1.pcc_check.sums[0] > 0  # type: ignore[attr-defined]
+        assert np.array_equal(c1.pcc_check.sums, c2.pcc_check.sums)  # type: ignore[attr-defined]
         assert c2.t_last_s is None  # type: ignore[attr-defined]
         # the restored controller decides what the old one would have, one period on
         res = await step(d2)
@@ -359,6 +362,8 @@ def test_corrupt_or_mismatched_state_is_ignored(tmp_path: Path, caplog: pytest.L
         lambda x: x["state"].update(cap_w={"shape": [1], "data": [5000.0]}),
         lambda x: x["state"].update(floor_w={"shape": [3], "data": [0, 0, 0]}),
         lambda x: x["state"]["domain_env"].update(i=99),
+        lambda x: x["state"].update(pcc_fit={"shape": [5], "data": ["nan", 0, 0, 0, 0]}),
+        lambda x: x["state"].update(recent_rise_w={"shape": [1, 1], "data": [0.0]}),
     ):
         bad = controller_state(d.controller, d.loaded.site)
         assert bad is not None

@@ -121,6 +121,8 @@ def dimmer_to_dict(c: DimmerController) -> dict[str, Any]:
         "forecast": _lowpass_to(c.forecast),
         "bus_mean": _lowpass_to(c.bus_mean),
         "rack_mean": _lowpass_to(c.rack_mean),
+        "recent_rise_w": _enc(c.recent_rise_w),
+        "pcc_fit": _enc(c.pcc_check.sums),
     }
 
 
@@ -144,6 +146,13 @@ def dimmer_from_dict(c: DimmerController, d: dict[str, Any]) -> None:
     _lowpass_from(trial.forecast, d.get("forecast"), (1,), "forecast")
     _lowpass_from(trial.bus_mean, d.get("bus_mean"), (1,), "bus_mean")
     _lowpass_from(trial.rack_mean, d.get("rack_mean"), (site.n_racks,), "rack_mean")
+    # absent from files saved before the PCC check and the rise memory existed: those start fresh
+    rises = c.recent_rise_w.shape
+    recent_rise = _dec_arr(d["recent_rise_w"], rises, "recent_rise_w") if "recent_rise_w" in d else np.zeros(rises)
+    # the learned meter overhead: without it a restart would learn afresh from whatever the meter says then
+    pcc_fit = _dec_arr(d["pcc_fit"], c.pcc_check.sums.shape, "pcc_fit") if "pcc_fit" in d else None
+    if not np.all(np.isfinite(recent_rise)) or (pcc_fit is not None and not np.all(np.isfinite(pcc_fit))):
+        raise StateMismatch("recent_rise_w / pcc_fit: not finite")
     c.cap_w = cap
     c.floor_w = floor
     c.rack_last_w = rack_last
@@ -151,6 +160,9 @@ def dimmer_from_dict(c: DimmerController, d: dict[str, Any]) -> None:
     c.excess_j = max(excess, 0.0)
     c.domain_env, c.rack_env = trial.domain_env, trial.rack_env
     c.forecast, c.bus_mean, c.rack_mean = trial.forecast, trial.bus_mean, trial.rack_mean
+    c.recent_rise_w = recent_rise
+    if pcc_fit is not None:
+        c.pcc_check.sums = pcc_fit
     c.t_last_s = None  # the old process's clock means nothing here: the first step uses the nominal period
 
 
