@@ -9,6 +9,9 @@ Units (Modbus device ids) on one endpoint:
 | 3 | the site device | dimmer-site-v1 |
 | 10, 11, ... | rack devices, 64 racks each in tree order (the last one holds the rest) | dimmer-rack-v1 |
 
+Any other unit id gets Modbus exception 0x0B (gateway target failed to respond; `dimmer.daemon.agent.
+unknown_unit_device`). It listens on 127.0.0.1 unless given another host.
+
 The plant is the ordinary engine (`gridsim.engine.Simulation`) running in a worker thread with an adapter in the
 controller's seat: every simulated control period the adapter waits until wall time catches up with
 `obs.t_s / speed`, publishes the observation into the registers, and returns the Actions decoded from what was
@@ -51,6 +54,8 @@ import numpy as np
 import numpy.typing as npt
 
 from dimmer.daemon import registers as R
+from dimmer.daemon.agent import unknown_unit_device
+from dimmer.daemon.config import uniform_cap_bound_w
 from dimmer.errors import InputError
 from dimmer.observation import Actions, Observation
 from dimmer.site import SiteModel
@@ -72,6 +77,8 @@ ILLEGAL_VALUE = 3
 # hold_until_first_write: after the first accepted write, how long (wall seconds) the rest of that cycle's writes
 # may take to land before the plant starts anyway (it starts at once when every rack device and the battery are in)
 HOLD_GRACE_WALL_S = 0.25
+# the latest writes kept for inspection (tests, serve.json counts the rest): a days-long served run must not grow
+WRITES_KEPT = 100_000
 
 # SunSpec device images: which models, in chain order
 METER_MODELS = (R.MODEL_1, R.MODEL_203)
@@ -92,22 +99,19 @@ class WriteRecord:
 
 
 def fallback_cap_w(site: SiteModel) -> float:
-    """The highest per-GPU cap at which every domain stays within its rating with every rack drawing its cap.
+    """The highest per-GPU cap at which every domain stays within its rating — every breaker, and the interconnect
+    limit at the campus — with every rack drawing its cap and every BBU recharging.
 
-    Rack AC power is affine in the per-GPU draw, so each domain gives one bound; the PCC is left to the battery.
-    Clipped to the GPU's settable range. This is what a rack device falls back to when its lease runs out.
+    This is what a rack device falls back to when its lease runs out: then nobody controls the plant, the campus
+    battery has reverted to idle and the racks' BBUs are backup only, recharging uncoordinated, so the caps alone
+    must hold every limit. Rack AC power is affine in the per-GPU draw, so each domain gives one bound (the racks'
+    fixed load — idle spare GPUs, host overhead — and their BBU recharge come off its rating). Clipped to the GPU's
+    settable range: a site whose load at the lowest cap exceeds a limit gets the lowest cap.
     """
-    zero = site.rack_power_w(np.zeros(site.n_racks))
-    gain = site.rack_power_w(np.ones(site.n_racks)) - zero
-    dom_gain = site.domain_load_w(gain)
-    dom_fixed = site.domain_load_w(zero)
-    rack_level = site.domain_level >= 0
-    if site.n_domains > 1:
-        rack_level[0] = False  # the campus is the PCC: the battery and the grid shaping answer for it
-    with np.errstate(divide="ignore", invalid="ignore"):
-        bound = np.where(dom_gain > 0, (site.domain_rating_w - dom_fixed) / dom_gain, np.inf)
-    cap = float(np.min(bound[rack_level])) if np.any(rack_level) else site.gpu.rated_w
-    return float(np.clip(cap, site.gpu.min_cap_w, site.gpu.rated_w))
+    rs = site.rack_storage
+    recharge_w = np.where(rs.bbu_energy_j > 0, rs.bbu_recharge_w, 0.0)
+    bound = uniform_cap_bound_w(site, site.domain_rating_w, recharge_w)
+    return float(np.clip(np.min(bound), site.gpu.min_cap_w, site.gpu.rated_w))
 
 
 class _Image:
@@ -209,7 +213,9 @@ class PlantServer:
         self.bess_written = False
         self.bess_last_write_s = -math.inf
 
-        self.writes: list[WriteRecord] = []
+        self.writes: list[WriteRecord] = []  # the latest WRITES_KEPT to 2 x WRITES_KEPT, oldest first
+        self.n_writes = 0
+        self.n_writes_refused = 0
         self.published: dict[int, Observation] = {}  # update_count -> the observation published with it
         self.update_count = 0
         self.last_obs: Observation | None = None
@@ -240,6 +246,16 @@ class PlantServer:
     def port(self) -> int:
         """The bound port (the one the OS chose when constructed with port=0) once started."""
         return self._port
+
+    @property
+    def bound_address(self) -> tuple[str, int] | None:
+        """(host, port) the listening socket is bound to, as the OS reports it; None when not listening."""
+        transport = getattr(self._server, "transport", None)
+        sockets = getattr(transport, "sockets", None) or []
+        if not sockets:
+            return None
+        host, port = sockets[0].getsockname()[:2]
+        return str(host), int(port)
 
     def device_map(self) -> dict[str, Any]:
         """Plain data a daemon config can be generated from: host, port and every device's kind, unit and span."""
@@ -449,7 +465,7 @@ class PlantServer:
         from pymodbus.server import ModbusTcpServer
         from pymodbus.simulator import DataType, SimData, SimDevice
 
-        devices = []
+        devices = [unknown_unit_device()]  # any other unit: exception 0x0B, no traceback (dimmer.daemon.agent)
         for unit, img in self._images.items():
 
             async def action(
@@ -502,6 +518,10 @@ class PlantServer:
         code = self._apply_write(img, address, words, t_plant)
         now = time.monotonic()
         self.writes.append(WriteRecord(now, t_plant, img.unit, address, tuple(words), code))
+        self.n_writes += 1
+        self.n_writes_refused += code is not None
+        if len(self.writes) >= 2 * WRITES_KEPT:
+            del self.writes[:WRITES_KEPT]  # in halves: amortised O(1) a write
         if code is None and self._first_write_wall_s is None:
             self._first_write_wall_s = now
         return ExcCodes(code) if code else None
@@ -602,8 +622,8 @@ class PlantServer:
         write_run(res, self.out_dir)
         serve = {
             "device_map": self.device_map(),
-            "writes": len(self.writes),
-            "writes_refused": sum(1 for w in self.writes if w.refused is not None),
+            "writes": self.n_writes,
+            "writes_refused": self.n_writes_refused,
             "lease_expiries": self.lease_expiries,
             "safe_cap_w": self.safe_cap_w,
         }

@@ -21,6 +21,7 @@ from dimmer.siteconfig import JobPlacementSpec, SiteSpec
 from gridsim.engine import SimResult, run
 from gridsim.plant.workload import JobState
 from gridsim.scenario import LoadedScenario, validate_scenario
+from tests.budget import examples
 
 BASELINES = ("hard-stop", "dynamo", "smoothing", "peak-shave")
 
@@ -131,7 +132,7 @@ def test_waterfill_cuts_the_highest_down_to_a_common_level() -> None:
     np.testing.assert_array_equal(waterfill_cut(p, f, seg, np.array([0.0, -1.0])), np.zeros(6))
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(
     st.lists(st.tuples(st.floats(0, 100), st.floats(0, 1), st.integers(0, 2)), min_size=1, max_size=12),
     st.lists(st.floats(-10, 400), min_size=3, max_size=3),
@@ -657,7 +658,7 @@ def _same(a: Actions, b: Actions) -> bool:
     )
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(
     name=st.sampled_from(BASELINES),
     steps=st.lists(

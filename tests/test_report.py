@@ -18,6 +18,7 @@ from gridsim.engine import SimResult, run
 from gridsim.metrics import SUMMARY_KEYS, summarize
 from gridsim.output import write_run
 from gridsim.scenario import load_scenario
+from tests.budget import examples
 
 # Two rows of ten racks; row r1's breaker is rated 400 kW under about 1.1 MW of load, so it trips (UL 489,
 # k = 1.2, tau = 180 s) after tau ln(r² / (r² − k²)) ≈ 40 s and takes job `b` down; a 10 s ramp window so that the
@@ -234,7 +235,7 @@ def test_trailing_mean_is_a_moving_average() -> None:
     assert np.isnan(report.trailing_mean(np.ones(2), 3)).all()
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(st.lists(st.booleans(), max_size=60))
 def test_episodes_cover_exactly_the_true_samples(mask: list[bool]) -> None:
     runs = report.episodes(np.asarray(mask, dtype=bool))

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from dimmer.daemon import registers as R
-from dimmer.daemon.bus import DeviceRefused, ModbusTcpBus
+from dimmer.daemon.bus import DeviceRefused, ModbusTcpBus, WriteNotAllowed
 from dimmer.daemon.devices import RackDevice, SiteDevice, SunSpecBattery, SunSpecMeter
 from gridsim.engine import run as run_in_process
 from gridsim.metrics import summarize
@@ -247,8 +247,16 @@ def test_refused_writes_apply_nothing_and_are_recorded(tmp_path: Path) -> None:
     async def body(srv: PlantServer) -> None:
         bus = ModbusTcpBus("127.0.0.1", srv.port)
         _, battery, _, rack = devices(srv, bus)
+        nan_caps = np.array([800.0] * 7 + [math.nan])
+        with pytest.raises(WriteNotAllowed):  # the daemon's device sends no NaN cap at all
+            await rack.write(nan_caps, 0.0, np.inf, 0.0, 3.0)
+        assert srv.writes == []
+        # forged on the wire, the served device refuses it
+        cmds = {"cap_w": nan_caps, "floor_w": np.zeros(8), "bbu_threshold_w": np.full(8, np.inf)}
+        cmds["bbu_recharge_w"] = np.zeros(8)
+        words = R.encode_float32(3.0) + R.encode_uint32(1) + R.encode_records(R.RACK_COMMAND, cmds, 8, 8)
         with pytest.raises(DeviceRefused) as e:
-            await rack.write(np.array([800.0] * 7 + [math.nan]), 0.0, np.inf, 0.0, 3.0)
+            await bus.write(10, R.RACK_HEADER.field("lease_s").offset, words)
         assert e.value.code == 3
         assert np.all(srv.cmd_cap_w == srv.site.gpu.rated_w)  # nothing of it applied
         with pytest.raises(DeviceRefused) as e:
@@ -267,6 +275,29 @@ def test_refused_writes_apply_nothing_and_are_recorded(tmp_path: Path) -> None:
         srv.refuse_writes(10, None)
         await rack.write(800.0, 0.0, np.inf, 0.0, 3.0)
         assert [w.refused for w in srv.writes] == [3, 2, 2, 3, 4, None]
+        await bus.close()
+
+    serve(scenario(tmp_path), body, speed=20.0)
+
+
+def test_the_write_history_is_bounded_and_the_counts_are_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A days-long served run must not grow with every write: the latest writes are kept, every one is counted."""
+    import gridsim.serve
+
+    monkeypatch.setattr(gridsim.serve, "WRITES_KEPT", 4)
+
+    async def body(srv: PlantServer) -> None:
+        bus = ModbusTcpBus("127.0.0.1", srv.port)
+        _, _, _, rack = devices(srv, bus)
+        for i in range(11):
+            await rack.write(800.0 + i, 0.0, np.inf, 0.0, 3.0)
+        srv.refuse_writes(10, 4)
+        with pytest.raises(DeviceRefused):
+            await rack.write(700.0, 0.0, np.inf, 0.0, 3.0)
+        assert srv.n_writes == 12 and srv.n_writes_refused == 1
+        assert 4 <= len(srv.writes) < 8  # the latest, oldest dropped in halves
+        assert [w.refused for w in srv.writes[-2:]] == [None, 4]
+        assert srv.writes == sorted(srv.writes, key=lambda w: w.t_wall_s)
         await bus.close()
 
     serve(scenario(tmp_path), body, speed=20.0)

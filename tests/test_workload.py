@@ -23,6 +23,7 @@ from gridsim.plant.workload import (
     JobState,
     Workload,
 )
+from tests.budget import examples
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 TITANX = DATA / "gpu_titanx_2gpu_ddp_gpt_train_nvsmi100ms_noburn_2025-12-10.csv"
@@ -438,7 +439,7 @@ job_params = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     params=st.lists(job_params, min_size=1, max_size=3),
     stop=st.lists(st.sampled_from([None, 25.0, 60.0]), min_size=3, max_size=3),

@@ -11,7 +11,8 @@ Power floors (GPU power smoothing) and BBU fields are accepted and ignored: NVML
 driven here; the status reports a floor of 0 and no BBU (NaN).
 
 `RegisterServer` (a register image served by pymodbus's TCP server, every write recorded and vetted against the
-writable ranges) is what the agent is built on; tests use it as a stand-in device that records writes.
+writable ranges) is what the agent is built on; tests use it as a stand-in device that records writes. A request
+to a unit it does not serve gets Modbus exception 0x0B (`unknown_unit_device`), without a traceback in the log.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from dimmer.daemon.registers import (
     encode_records,
     rack_cmd_address,
     rack_status_address,
+    rack_writable_spans,
 )
 from dimmer.errors import DimmerError
 
@@ -96,7 +98,7 @@ class RegisterServer:
         from pymodbus.server import ModbusTcpServer
         from pymodbus.simulator import DataType, SimData, SimDevice
 
-        devices = []
+        devices = [] if 0 in self.images else [unknown_unit_device()]
         for unit, image in self.images.items():
             data = SimData(0, count=int(image.shape[0]), values=0, datatype=DataType.REGISTERS)
             devices.append(SimDevice(id=unit, simdata=[data], action=self._action_for(unit)))
@@ -104,6 +106,14 @@ class RegisterServer:
         await self._server.serve_forever(background=True)
         self.port = int(self._server.transport.sockets[0].getsockname()[1])
         return self.port
+
+    @property
+    def bound_address(self) -> tuple[str, int] | None:
+        """(host, port) the listening socket is bound to, as the OS reports it; None when not serving."""
+        if self._server is None or self._server.transport is None:
+            return None
+        host, port = self._server.transport.sockets[0].getsockname()[:2]
+        return str(host), int(port)
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -154,6 +164,30 @@ class RegisterServer:
         return None
 
 
+def unknown_unit_device() -> Any:
+    """A pymodbus SimDevice answering every request to a unit the server does not have with exception 0x0B.
+
+    pymodbus 3.16.1 routes a request for an unknown unit to the device with id 0 ("all devices, except those
+    specifically defined"); without one, its lookup raises KeyError, which it logs as an ERROR with a traceback
+    before answering 0x04 (server device failure). One endpoint serving several unit ids is a gateway in the
+    Modbus sense, and the Modbus TCP implementation guide has a gateway answer 0x0B (gateway target device failed
+    to respond) when no device answers for that unit; it is also what pymodbus answers for a unit id it knows is
+    missing. 0x04 would say an existing device failed, 0x0A (gateway path unavailable) a misconfigured or
+    overloaded gateway: both wrong for a unit id that does not exist. The block covers the whole register space so
+    that no address check runs before the answer; only a span past 65535 is 0x02.
+    """
+    from pymodbus.constants import ExcCodes
+    from pymodbus.simulator import DataType, SimData, SimDevice
+
+    async def no_such_unit(
+        fc: int, start: int, address: int, count: int, regs: list[int], set_values: list[int] | list[bool] | None
+    ) -> Any:
+        return ExcCodes.GATEWAY_NO_RESPONSE
+
+    data = SimData(0, count=0x10000, values=0, datatype=DataType.REGISTERS)
+    return SimDevice(id=0, simdata=[data], action=no_such_unit)
+
+
 def rack_image(first_rack: int, n_racks: int, safe_cap_w: float, lease_s: float) -> npt.NDArray[np.uint16]:
     """A fresh dimmer-rack-v1 image: the header, commands never written (NaN), statuses unknown (NaN)."""
     img = np.zeros(RACK_IMAGE_SIZE, dtype=np.uint16)
@@ -177,9 +211,7 @@ def rack_image(first_rack: int, n_racks: int, safe_cap_w: float, lease_s: float)
 
 def rack_writable() -> list[tuple[int, int]]:
     """Where a controller may write: the header's lease_s and heartbeat, and every command record."""
-    lease = RACK_HEADER.field("lease_s").offset
-    heartbeat = RACK_HEADER.field("heartbeat")
-    return [(lease, heartbeat.offset + heartbeat.n), (rack_cmd_address(0), rack_cmd_address(RACK_MAX))]
+    return rack_writable_spans(RACK_MAX)
 
 
 class CapAgent:

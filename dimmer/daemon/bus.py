@@ -7,7 +7,9 @@ Every failure is translated here, at the boundary, into one tree:
           ├── DeviceUnreachable   no answer: connection refused or lost, timeout after the retries
           ├── DeviceRefused       the device answered with a Modbus exception (.code: 1 illegal function,
           │                       2 illegal address, 3 illegal value, 4 device failure, 6 busy, 11 gateway...)
-          └── DeviceReadOnly      we refused locally: the device is configured read-only
+          ├── DeviceReadOnly      we refused locally: the device is configured read-only
+          └── WriteNotAllowed     we refused locally: registers the device's map does not declare writable, or a
+                                  value outside what the device may be told (also a ValueError); nothing was sent
 
 Nothing from pymodbus (ModbusException, ConnectionException, asyncio.TimeoutError, OSError) leaks past a bus.
 
@@ -64,6 +66,13 @@ class DeviceRefused(DeviceError):
 
 class DeviceReadOnly(DeviceError):
     """A write to a device configured read-only: refused here, nothing was sent."""
+
+
+class WriteNotAllowed(DeviceError, ValueError):
+    """A write refused here, before anything was sent: registers outside the device's writable blocks, or a value
+    outside its declared range or the ratings the device was built with (a GPU cap outside the GPU's settable range,
+    a battery setpoint beyond its rating). A bug upstream, never a device fault: the daemon's safety net keeps every
+    value it writes inside these bounds."""
 
 
 EXCEPTION_NAMES = {

@@ -10,12 +10,16 @@ The power tree, its ratings and the jobs reuse the scenario schema (`dimmer.site
     [daemon]        period, metrics address, audit log, state file
 
 Every key is checked once, here, with the file and the key path in the error (exit status 2); cross-checks that need
-more than one key (racks covered exactly once, a safe cap the GPU can hold, limits under the breakers, a controller
-that accepts its params) run at load too. Loading touches no device.
+more than one key run at load too: racks inside the site and covered exactly once (no two devices writing the same
+rack), a safe cap the GPU can hold and at which no breaker is overdrawn with every GPU at it, limits under the
+breakers and the interconnect limit, leases and reversion times of at least a period, a controller that accepts its
+params. A safe cap that would put the interconnect or a [[limits]] entry over is a warning (`dimmer check`, and
+the daemon's log at start and reload). Loading touches no device.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -334,12 +338,58 @@ def _check_safety(cfg: DaemonConfig, site: SiteModel, source: str) -> None:
             "safety.safe_cap_frac",
             f"at least {lo:.3g}: the {gpu.name} power limit is settable from {gpu.min_cap_w:g} W (got {cap_w:g} W)",
         )
+    _check_safe_cap_breakers(cfg, site, source, cap_w)
     if cfg.safety.lease_s < cfg.daemon.period_s:
         raise InputError(source, "safety.lease_s", f"at least the period ({cfg.daemon.period_s:g} s)")
     if cfg.safety.battery_revert_s < cfg.daemon.period_s:
         raise InputError(source, "safety.battery_revert_s", f"at least the period ({cfg.daemon.period_s:g} s)")
     if cfg.daemon.read_timeout_s is not None and cfg.daemon.read_timeout_s >= cfg.daemon.period_s:
         raise InputError(source, "daemon.read_timeout_s", f"below the period ({cfg.daemon.period_s:g} s)")
+
+
+def uniform_cap_bound_w(site: SiteModel, limit_w: np.ndarray, extra_w: np.ndarray | None = None) -> np.ndarray:
+    """(n_domains,) the highest per-GPU cap at which the racks under each domain, every active GPU drawing that cap,
+    draw at most `limit_w` of it (rack power is affine in the per-GPU draw); +inf where a domain has no active GPU.
+    `extra_w` (n_racks,) is load on top of every rack's (a recharging BBU)."""
+    zero = site.rack_power_w(np.zeros(site.n_racks))
+    gain = site.domain_load_w(site.rack_power_w(np.ones(site.n_racks)) - zero)
+    fixed = site.domain_load_w(zero if extra_w is None else zero + extra_w)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bound: np.ndarray = np.where(gain > 0, (limit_w - fixed) / np.where(gain > 0, gain, 1.0), np.inf)
+    return bound
+
+
+def _check_safe_cap_breakers(cfg: DaemonConfig, site: SiteModel, source: str, cap_w: float) -> None:
+    """Refuse a safe cap at which the racks under a breaker, every GPU drawing it, would overdraw the breaker.
+
+    Every fail-safe (stale telemetry, FAILSAFE, stop) sends every cap to the safe cap, and on stale telemetry the
+    daemon no longer knows the load: a safe cap that can trip a breaker is no fail-safe, and the trip drops the racks
+    under it at once (the job crashes, the grid sees the step). The fix costs only throughput while failing safe: a
+    lower safe_cap_frac. The interconnect and the [[limits]] (contracts, margins) only warn: safe_cap_load_warnings.
+    """
+    gpu = site.gpu
+    bound = uniform_cap_bound_w(site, site.domain_rating_w)
+    bound[0] = np.inf  # the campus "rating" is the interconnect limit: a warning
+    d = int(np.argmin(bound))
+    if cap_w <= bound[d] + 1e-9:
+        return
+    draw_w = float(site.domain_load_w(site.rack_power_w(np.full(site.n_racks, cap_w)))[d])
+    what = (
+        f"at most {_floor3(bound[d] / gpu.rated_w):g}"
+        if bound[d] >= gpu.min_cap_w
+        else f"a cap the {gpu.name} can hold ({gpu.min_cap_w:g} W is the lowest, and still too much)"
+    )
+    raise InputError(
+        source,
+        "safety.safe_cap_frac",
+        f"{what}: with every GPU at the safe cap of {cap_w:g} W the racks under {site.domain_name[d]} would draw "
+        f"{draw_w / 1e3:.0f} kW, above its {site.domain_rating_w[d] / 1e3:.0f} kW breaker rating",
+    )
+
+
+def _floor3(x: float) -> float:
+    """Rounded down to three decimals: a fraction suggested as an upper bound must not round past it."""
+    return math.floor(x * 1000.0) / 1000.0
 
 
 def _check_controller(cfg: DaemonConfig, site: SiteModel, params: Mapping[str, Any], source: str) -> None:
@@ -354,15 +404,24 @@ def _check_controller(cfg: DaemonConfig, site: SiteModel, params: Mapping[str, A
 
 
 def safe_cap_load_warnings(loaded: LoadedConfig) -> list[str]:
-    """Domains whose load would exceed their limit with every GPU at the safe cap (worth knowing, not an error)."""
+    """Domains whose load would exceed their operating limit (the interconnect limit for the campus, a [[limits]]
+    entry) with every GPU at the safe cap. Worth knowing, not an error: a breaker rating exceeded is refused at load
+    (_check_safe_cap_breakers); an operating limit is a contract or a margin, and while failing safe the campus
+    battery may still cover the difference."""
     site = loaded.site
-    rack_w = site.rack_power_w(np.full(site.n_racks, loaded.safe_cap_w))
-    over = np.flatnonzero(site.domain_load_w(rack_w) > loaded.limit_w)
-    return [
-        f"{site.domain_name[d]}: at the safe cap the racks under it could draw "
-        f"{site.domain_load_w(rack_w)[d] / 1e3:.0f} kW, above its {loaded.limit_w[d] / 1e3:.0f} kW limit"
-        for d in over[:10]
-    ]
+    draw_w = site.domain_load_w(site.rack_power_w(np.full(site.n_racks, loaded.safe_cap_w)))
+    bound = uniform_cap_bound_w(site, loaded.limit_w)
+    over = np.flatnonzero(draw_w > loaded.limit_w * (1 + 1e-12))
+    out = []
+    for d in over[:10]:
+        what = "interconnect limit" if d == 0 else "limit"
+        fit = _floor3(bound[d] / site.gpu.rated_w)
+        hint = f"safe_cap_frac <= {fit:g} would hold it" if bound[d] >= site.gpu.min_cap_w else "no cap holds it"
+        out.append(
+            f"{site.domain_name[d]}: at the safe cap the racks under it could draw {draw_w[d] / 1e3:.0f} kW, above "
+            f"its {loaded.limit_w[d] / 1e3:.0f} kW {what} ({hint})"
+        )
+    return out
 
 
 def describe(loaded: LoadedConfig) -> str:

@@ -4,6 +4,13 @@ Each device has a `name`, a `read_only` flag, `async read() -> Reading` that nev
 as `ok=False` with every value NaN and the reason in `error`), and write methods that raise `DeviceError`
 (`DeviceReadOnly` when the device is configured read-only, without sending anything).
 
+Writes are checked here, the lowest layer that knows the device, before anything is sent (`WriteNotAllowed`
+otherwise): every request must lie in a register block the device's map declares writable (`writable_spans()`:
+the rack map's lease, heartbeat and command records of its own racks; a battery's 704 setpoint block and 802
+controller heartbeat), and every value must lie in its field's declared range and within the ratings the device
+was built with (`RackLimits`: caps in the GPU's settable range, floors at most the caps, BBU recharge within the
+BBU's rating, the lease; a battery's `max_power_w`).
+
 Every value is a float or a numpy array of floats: NaN where the device did not report it, reported "not
 implemented", or reported something out of its declared range. Flags (online, energized, job running) are
 1.0 / 0.0 / NaN. `Reading.t_s` is the monotonic time at which the read began, so an age computed from it is never
@@ -26,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dimmer.daemon import registers as R
-from dimmer.daemon.bus import DeviceError, DeviceReadOnly, RegisterBus
+from dimmer.daemon.bus import DeviceError, DeviceReadOnly, RegisterBus, WriteNotAllowed
 
 FloatArray = npt.NDArray[np.float64]
 Value = float | FloatArray
@@ -87,9 +94,19 @@ class _Device:
         self._requests += -(-count // 124)
         return await self.bus.read(self.unit, address, count)
 
+    def writable_spans(self) -> list[R.Span]:
+        """The [start, stop) register spans this device may be written in (none unless a subclass says so)."""
+        return []
+
+    def _refuse(self, why: str, address: int | None = None) -> WriteNotAllowed:
+        return WriteNotAllowed(why, endpoint=getattr(self.bus, "endpoint", ""), unit=self.unit, address=address)
+
     async def _put(self, address: int, words: list[int]) -> None:
+        """Every write goes through here: nothing outside the device's writable blocks reaches the wire."""
         if self.read_only:
             raise DeviceReadOnly("configured read-only: not written", unit=self.unit, address=address)
+        if not R.span_allowed(self.writable_spans(), address, len(words)):
+            raise self._refuse(f"{len(words)} registers outside the writable blocks of its map", address)
         await self.bus.write(self.unit, address, words)
 
     async def read(self) -> Reading:
@@ -229,11 +246,25 @@ class SunSpecBattery(_SunSpecDevice):
         *,
         name: str | None = None,
         read_only: bool = False,
+        max_power_w: float | None = None,
         clock: Clock = time.monotonic,
     ) -> None:
         super().__init__(bus, unit, base, name, read_only, clock)
+        if max_power_w is not None and not (math.isfinite(max_power_w) and max_power_w >= 0):
+            raise ValueError(f"max_power_w must be a non-negative number (got {max_power_w!r})")
+        self.max_power_w = max_power_w  # the battery's rating: no setpoint beyond it is sent
         self.heartbeat = 0
         self.wset_sf: int | None = None
+
+    def writable_spans(self) -> list[R.Span]:
+        """704 WSetEna .. WSetRvrtTms and 802 CtrlHb, where discovery found them (nothing before discovery)."""
+        if self.models is None:
+            return []
+        spans: list[R.Span] = []
+        for block in (R.MODEL_704, R.MODEL_802):
+            if block.model_id in self.models:
+                spans += R.writable_spans(block, self.models[block.model_id or 0])
+        return spans
 
     def nan_values(self) -> dict[str, float | FloatArray]:
         keys = ("power_w", "soc_frac", "max_charge_w", "max_discharge_w", "online", "setpoint_revert_s")
@@ -279,9 +310,11 @@ class SunSpecBattery(_SunSpecDevice):
         if self.read_only:
             raise DeviceReadOnly("configured read-only: setpoint not written", unit=self.unit)
         if not math.isfinite(power_w):
-            raise ValueError(f"setpoint must be finite (got {power_w!r})")
+            raise self._refuse(f"setpoint must be finite (got {power_w!r})")
+        if self.max_power_w is not None and abs(power_w) > self.max_power_w * (1 + 1e-9):
+            raise self._refuse(f"setpoint {power_w:.6g} W beyond the battery's rating of ±{self.max_power_w:.6g} W")
         if not (math.isfinite(revert_s) and 0 < revert_s < 2**32 - 1):
-            raise ValueError(f"revert_s must be positive (got {revert_s!r})")
+            raise self._refuse(f"revert_s must be positive (got {revert_s!r})")
         if self.models is None:
             await self.discover()
         assert self.models is not None
@@ -316,6 +349,21 @@ class SunSpecBattery(_SunSpecDevice):
 # -- dimmer-rack-v1 ------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class RackLimits:
+    """What a rack device may be told beyond its map's declared ranges: the ratings of the site config.
+
+    Caps in [cap_min_w, cap_max_w] (the GPU's settable range), each rack's BBU recharge at most `recharge_max_w`
+    (its BBU rating; a scalar or one value per rack of the device), leases in (0, lease_max_s]. Floors at most the
+    caps, BBU thresholds >= 0 (+inf: backup only) and no NaN hold for every rack device, with or without limits.
+    """
+
+    cap_min_w: float
+    cap_max_w: float
+    recharge_max_w: float | FloatArray = math.inf
+    lease_max_s: float = 86400.0  # the map's declared range of lease_s
+
+
 class RackDevice(_Device):
     """A rack power / cap device (`dimmer-rack-v1`) serving racks first_rack .. first_rack + n_racks - 1.
 
@@ -334,6 +382,7 @@ class RackDevice(_Device):
         *,
         name: str | None = None,
         read_only: bool = False,
+        limits: RackLimits | None = None,
         clock: Clock = time.monotonic,
     ) -> None:
         if not 1 <= n_racks <= R.RACK_MAX:
@@ -343,7 +392,40 @@ class RackDevice(_Device):
         super().__init__(bus, unit, name, read_only, clock)
         self.first_rack = int(first_rack)
         self.n_racks = int(n_racks)
+        self.limits = limits
         self.heartbeat = 0
+
+    def writable_spans(self) -> list[R.Span]:
+        return R.rack_writable_spans(self.n_racks)
+
+    def refusal(self, cols: dict[str, FloatArray], lease_s: float) -> str | None:
+        """Why these commands (per-rack arrays of the RACK_COMMAND fields) and lease may not be sent, or None."""
+        if not (math.isfinite(lease_s) and lease_s > 0):
+            return f"lease_s must be positive (got {lease_s!r})"
+        why = R.out_of_range(R.RACK_COMMAND, cols)
+        if why is not None:
+            return why
+        cap, floor = cols["cap_w"], cols["floor_w"]
+        if np.any(floor > cap):
+            i = int(np.argmax(floor > cap))
+            return f"floor {floor[i]:.6g} W above the cap {cap[i]:.6g} W at rack {self.first_rack + i}"
+        lim = self.limits
+        if lim is None:
+            return None
+        if lease_s > lim.lease_max_s:
+            return f"lease_s {lease_s:g} s above {lim.lease_max_s:g} s"
+        out = (cap < lim.cap_min_w) | (cap > lim.cap_max_w)
+        if np.any(out):
+            i = int(np.argmax(out))
+            return (
+                f"cap {cap[i]:.6g} W at rack {self.first_rack + i} outside the GPU's settable range "
+                f"{lim.cap_min_w:g}..{lim.cap_max_w:g} W"
+            )
+        over = cols["bbu_recharge_w"] > np.asarray(lim.recharge_max_w, dtype=np.float64)
+        if np.any(over):
+            i = int(np.argmax(over))
+            return f"BBU recharge {cols['bbu_recharge_w'][i]:.6g} W at rack {self.first_rack + i} beyond its rating"
+        return None
 
     @property
     def racks(self) -> slice:
@@ -386,18 +468,24 @@ class RackDevice(_Device):
     ) -> None:
         """Write every rack's command record and renew the lease (lease_s, heartbeat + 1) in one span.
 
-        Arrays are (n_racks,) or scalars; bbu_threshold_w may be +inf (backup only). The device refuses values
-        out of range (DeviceRefused, code 3) and applies nothing of a refused request.
+        Arrays are (n_racks,) or scalars; bbu_threshold_w may be +inf (backup only). Values outside what the
+        device may be told (`refusal`) raise WriteNotAllowed and nothing is sent. The device refuses values out of
+        its own range (DeviceRefused, code 3) and applies nothing of a refused request.
         """
         if self.read_only:
             raise DeviceReadOnly("configured read-only: caps not written", unit=self.unit)
-        if not (math.isfinite(lease_s) and lease_s > 0):
-            raise ValueError(f"lease_s must be positive (got {lease_s!r})")
         n = self.n_racks
         cols = {}
-        for key, v in (("cap_w", cap_w), ("floor_w", floor_w), ("bbu_threshold_w", bbu_threshold_w)):
+        for key, v in (
+            ("cap_w", cap_w),
+            ("floor_w", floor_w),
+            ("bbu_threshold_w", bbu_threshold_w),
+            ("bbu_recharge_w", bbu_recharge_w),
+        ):
             cols[key] = np.broadcast_to(np.asarray(v, dtype=np.float64), (n,))
-        cols["bbu_recharge_w"] = np.broadcast_to(np.asarray(bbu_recharge_w, dtype=np.float64), (n,))
+        why = self.refusal(cols, lease_s)
+        if why is not None:
+            raise self._refuse(why)
         self.heartbeat = (self.heartbeat + 1) & 0xFFFFFFFF
         try:
             words = R.encode_float32(lease_s) + R.encode_uint32(self.heartbeat)

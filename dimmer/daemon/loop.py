@@ -42,8 +42,8 @@ import numpy as np
 import numpy.typing as npt
 
 from dimmer.control import Controller, make_controller
-from dimmer.daemon.config import LoadedConfig, load_config, parse_address
-from dimmer.daemon.metrics import AuditLog, DaemonMetrics, reasons_json, rle
+from dimmer.daemon.config import LoadedConfig, load_config, parse_address, safe_cap_load_warnings
+from dimmer.daemon.metrics import AuditLog, DaemonMetrics, reasons_json, rle, write_reasons
 from dimmer.daemon.state import controller_state, load_into, restore_state, save_from
 from dimmer.errors import DimmerError, InputError
 from dimmer.observation import Actions, Observation, Reason
@@ -120,6 +120,7 @@ class DeviceHandle:
     value_t_s: float = math.nan
     failures: dict[str, int] = field(default_factory=lambda: {"read": 0, "write": 0})  # in a row, by operation
     flagged: bool = False
+    offline: bool = False  # a battery answering, but reporting itself off line (as of its last good reading)
 
 
 BusFactory = Callable[[Any], Any]  # DeviceSpec -> RegisterBus
@@ -145,9 +146,10 @@ def tcp_bus_factory() -> BusFactory:
 def build_devices(
     loaded: LoadedConfig, bus_factory: BusFactory, clock: Callable[[], float] = time.monotonic
 ) -> list[DeviceHandle]:
-    from dimmer.daemon.devices import RackDevice, SiteDevice, SunSpecBattery, SunSpecMeter
+    from dimmer.daemon.devices import RackDevice, RackLimits, SiteDevice, SunSpecBattery, SunSpecMeter
 
     site = loaded.site
+    gpu = site.gpu
     out: list[DeviceHandle] = []
     for name, spec in zip(loaded.device_names, loaded.config.devices, strict=True):
         bus = bus_factory(spec)
@@ -157,10 +159,20 @@ def build_devices(
             dev = SunSpecMeter(bus, spec.unit, base=spec.base, name=name, clock=clock)
             handle.domain = site.domain_index(spec.domain)
         elif spec.kind == "battery":
-            dev = SunSpecBattery(bus, spec.unit, base=spec.base, name=name, read_only=spec.read_only, clock=clock)
+            dev = SunSpecBattery(
+                bus,
+                spec.unit,
+                base=spec.base,
+                name=name,
+                read_only=spec.read_only,
+                max_power_w=site.bess.power_w,
+                clock=clock,
+            )
         elif spec.kind == "racks":
             first, n = int(spec.first_rack or 0), int(spec.n_racks or 0)
-            dev = RackDevice(bus, spec.unit, first, n, name=name, read_only=spec.read_only, clock=clock)
+            recharge_max_w = site.rack_storage.bbu_power_w[first : first + n].copy()
+            limits = RackLimits(gpu.min_cap_w, gpu.rated_w, recharge_max_w, loaded.config.safety.lease_s)
+            dev = RackDevice(bus, spec.unit, first, n, name=name, read_only=spec.read_only, limits=limits, clock=clock)
             handle.racks = slice(first, first + n)
         else:
             dev = SiteDevice(bus, spec.unit, site.n_domains, site.n_jobs, name=name, clock=clock)
@@ -317,7 +329,8 @@ def safe_actions(site: SiteModel, safe_cap_w: float, last_cap_w: FloatArray | No
         rack_floor_w=np.zeros(site.n_racks),
         bess_setpoint_w=0.0,
         rack_bbu_threshold_w=np.full(site.n_racks, np.inf),
-        rack_bbu_recharge_w=site.rack_storage.bbu_recharge_w.copy(),
+        # within the BBU's rating, as every write must be (RackLimits)
+        rack_bbu_recharge_w=np.minimum(site.rack_storage.bbu_recharge_w, site.rack_storage.bbu_power_w),
         job_suspend=np.zeros(site.n_jobs, dtype=bool),
     )
 
@@ -332,9 +345,10 @@ def enforce_safety(
     hold_after_s: float = math.inf,
 ) -> tuple[Actions, int]:
     """Whatever the controller: caps in the GPU's range, stale racks (all of them if the PCC is stale) at or below
-    the safe cap, floors at or below caps, the battery within its rating. A rack whose reading is older than
-    `hold_after_s` (not stale yet, but no longer arriving) keeps at most the cap last written (`last_cap_w`): between
-    a reading stopping and the stale limit, no cap rises on it. Returns the actions and the racks held."""
+    the safe cap, floors at or below caps, BBU thresholds >= 0, the battery within its rating. A rack whose reading
+    is older than `hold_after_s` (not stale yet, but no longer arriving) keeps at most the cap last written
+    (`last_cap_w`): between a reading stopping and the stale limit, no cap rises on it. Returns the actions and the
+    racks held."""
     gpu = site.gpu
     cap = np.asarray(act.rack_cap_w, dtype=np.float64)
     cap = np.where(np.isfinite(cap), cap, safe_cap_w)
@@ -354,7 +368,7 @@ def enforce_safety(
     bess = act.bess_setpoint_w if math.isfinite(act.bess_setpoint_w) else 0.0
     bess = float(np.clip(bess, -site.bess.power_w, site.bess.power_w))
     thr = np.asarray(act.rack_bbu_threshold_w, dtype=np.float64)
-    thr = np.where(np.isnan(thr), np.inf, thr)
+    thr = np.maximum(np.where(np.isnan(thr), np.inf, thr), 0.0)  # below 0 W means the same as 0 W: always shave
     rech = np.clip(np.nan_to_num(act.rack_bbu_recharge_w, nan=0.0), 0.0, site.rack_storage.bbu_power_w)
     out = Actions(
         rack_cap_w=cap,
@@ -546,6 +560,8 @@ class Daemon:
             " (dry run: nothing is written)" if self.dry_run else "",
             f", clock x{self.speed:g}" if self.speed != 1.0 else "",
         )
+        for warning in safe_cap_load_warnings(self.loaded):
+            log.warning("safe cap: %s", warning)
         self.notifier.notify("READY=1\nSTATUS=running")
         next_t = time.monotonic()
         try:
@@ -595,6 +611,8 @@ class Daemon:
         if h.kind == "meter":
             self._note_meter(h, r)
             return
+        if h.kind == "battery":
+            self._note_battery(h, r)
         count = _num(r.values, "update_count")
         if not math.isfinite(count) or count != h.last_count or not math.isfinite(h.fresh_t_s):
             h.fresh_t_s = r.t_s
@@ -624,6 +642,19 @@ class Daemon:
                 log.info("device %s: updating again", h.name)
             h.stuck = False
             h.fresh_t_s = r.t_s
+
+    def _note_battery(self, h: DeviceHandle, r: ReadingLike) -> None:
+        """A battery that answers but reports itself off line (802 State, 701 ConnSt) is not planned on: say so
+        when it goes, and when it comes back."""
+        on = _num(r.values, "online")
+        if math.isnan(on):
+            return
+        offline = on < 0.5
+        if offline and not h.offline:
+            log.warning("device %s: reports itself off line: the controller no longer plans on it", h.name)
+        elif h.offline and not offline:
+            log.info("device %s: on line again: planned on again", h.name)
+        h.offline = offline
 
     def _failed(self, h: DeviceHandle, op: str, error: str) -> None:
         h.failures[op] += 1
@@ -694,7 +725,8 @@ class Daemon:
         if held and error is None:
             reason = Reason("safety", f"stale telemetry: {held} rack cap(s) held at the safe level")
             act = dataclasses.replace(act, reasons=(*act.reasons, reason))
-        writes = [] if self.dry_run else self._plan_writes(act)
+        head = f"controller {self.controller.name}" if error is None else "fail-safe"
+        writes = [] if self.dry_run else self._plan_writes(act, head)
         results = await asyncio.gather(*(self._do_write(w) for w in writes))
         self.last_cap_w = act.rack_cap_w
         ok = sum(1 for r in results if r is None)
@@ -720,6 +752,7 @@ class Daemon:
                 ],
                 "flagged": [h.name for h in self.handles if h.flagged],
                 "stale": [h.name for h in self.handles if h.stuck],
+                "offline": [h.name for h in self.handles if h.offline],
             }
         )
         every = self.loaded.config.daemon.state_every
@@ -738,7 +771,8 @@ class Daemon:
             "bess_setpoint_w": round(act.bess_setpoint_w, 1),
         }
 
-    def _plan_writes(self, act: Actions) -> list[_Write]:
+    def _plan_writes(self, act: Actions, head: str) -> list[_Write]:
+        """Every write `act` asks for, each with the reason it is made (`head`: what decided; metrics.write_reasons)."""
         safety = self.loaded.config.safety
         lease = safety.lease_s
         out: list[_Write] = []
@@ -771,16 +805,24 @@ class Daemon:
                     return dev.write_setpoint(sp, safety.battery_revert_s)
 
                 out.append(_Write(h, what, run_b))
+        racks = [w.handle.racks if w.handle.kind == "racks" else None for w in out]
+        for w, why in zip(out, write_reasons(self.loaded.site, racks, act.reasons, head), strict=True):
+            w.what = {"device": w.what["device"], "reason": why, **w.what}
         return out
 
     async def _do_write(self, w: _Write) -> str | None:
         """Run one write; None if it succeeded, else the error (counted, flagged when repeated, never raised)."""
-        from dimmer.daemon.bus import DeviceError
+        from dimmer.daemon.bus import DeviceError, WriteNotAllowed
 
         try:
             await asyncio.wait_for(w.run(), timeout=self.timeout_wall_s)
         except TimeoutError:
             err = f"no answer within {self.timeout_wall_s * self.speed:g} s"
+        except WriteNotAllowed as exc:  # nothing was sent: a bug upstream of the device, not a failing device
+            err = f"{type(exc).__name__}: {exc}"
+            log.warning("write to %s refused before sending: %s", w.handle.name, exc)
+            self.metrics.writes_refused.labels(device=w.handle.name).inc()
+            return err
         except DeviceError as exc:
             err = f"{type(exc).__name__}: {exc}"
         except Exception as exc:  # a bug in a device's codec must not stop the loop either
@@ -853,6 +895,8 @@ class Daemon:
         self.audit.path = new.audit_path
         self.audit.reopen()
         log.info("SIGHUP: config reloaded from %s", self.config_path)
+        for warning in safe_cap_load_warnings(new):
+            log.warning("safe cap: %s", warning)
         self.audit.write({"event": "reload", "ok": True})
         return True
 
@@ -876,7 +920,8 @@ class Daemon:
         # devices as it found them (under their own leases)
         if self._write_safe_on_stop and not self.dry_run and self.wrote:
             act = safe_actions(self.loaded.site, self.loaded.safe_cap_w, self.last_cap_w)
-            writes = self._plan_writes(act)
+            act = dataclasses.replace(act, reasons=(Reason("safety", "daemon stopping: safe caps, battery idle"),))
+            writes = self._plan_writes(act, "stop")
             results = await asyncio.gather(*(self._do_write(w) for w in writes))
             n_ok = sum(r is None for r in results)
             log.info("stopping: safe caps written to %d of %d devices", n_ok, len(writes))

@@ -72,11 +72,18 @@ class DaemonMetrics:
             "dimmer_device_up", "1 unless the device failed fail_after times in a row", ["device"], registry=r
         )
         self.writes = Counter("dimmer_writes", "Setpoint writes that succeeded", ["device"], registry=r)
+        self.writes_refused = Counter(
+            "dimmer_writes_refused",
+            "Writes refused before sending: outside the device's writable registers or its ratings",
+            ["device"],
+            registry=r,
+        )
         self.actions = Counter("dimmer_actions", "Actions taken, by layer and reason", ["layer", "reason"], registry=r)
         self.failsafe = Counter("dimmer_failsafe_entries", "Times the daemon entered FAILSAFE mode", registry=r)
         self.mode = Enum("dimmer_mode", "Daemon mode", states=MODE_STATES, registry=r)
         for name in device_names:
             self.device_up.labels(device=name).set(1)
+            self.writes_refused.labels(device=name)
             for op in ("read", "write"):
                 self.comm_errors.labels(device=name, op=op)
         self._server: Any = None
@@ -94,6 +101,14 @@ class DaemonMetrics:
         server, _thread = start_http_server(address[1], addr=address[0], registry=self.registry)
         self._server = server
         return int(server.server_address[1])
+
+    @property
+    def bound_address(self) -> tuple[str, int] | None:
+        """(host, port) the endpoint listens on, as the socket reports it; None when not serving."""
+        if self._server is None:
+            return None
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
 
     def close(self) -> None:
         if self._server is not None:
@@ -226,6 +241,39 @@ def reasons_json(reasons: Sequence[Reason]) -> list[dict[str, Any]]:
         if math.isfinite(r.value_w):
             d["value_w"] = round(r.value_w, 1)
         out.append(d)
+    return out
+
+
+def write_reasons(
+    site: SiteModel, racks: Sequence[slice | None], reasons: Sequence[Reason], head: str, most: int = 4
+) -> list[str]:
+    """One line per write: why it was made. `racks` holds each write's racks (None: the campus battery); `head`
+    says what decided (the controller, the fail-safe, a stop). A write's reasons are those of `reasons` that concern
+    it: a domain over some of its racks (the battery: the campus), a job on some of its racks (not the battery), or
+    the whole site (no domain, no job). A write no reason concerns carries what the controller's filters decided
+    (caps held or rising, a battery setpoint) and renews the device's lease or reversion timer."""
+    n = len(racks)
+    is_rack = np.array([r is not None for r in racks], dtype=bool)
+    start = np.array([r.start if r is not None else 0 for r in racks], dtype=np.int64)
+    stop = np.array([r.stop if r is not None else 0 for r in racks], dtype=np.int64)
+    concerns = np.ones((len(reasons), n), dtype=bool)
+    for i, r in enumerate(reasons):  # a few reasons a cycle; each a vector over the writes
+        if r.domain >= 0:
+            d = r.domain
+            over = (start < site.domain_rack_stop[d]) & (stop > site.domain_rack_start[d])
+            concerns[i] = np.where(is_rack, over, d == 0)
+        elif r.job >= 0:
+            job_racks = np.flatnonzero(site.rack_job == r.job)
+            concerns[i] = is_rack & (np.searchsorted(job_racks, start) < np.searchsorted(job_racks, stop))
+    out: list[str] = []
+    for k in range(n):
+        mine = [f"{reasons[i].layer}: {reasons[i].reason}" for i in np.flatnonzero(concerns[:, k]).tolist()]
+        if not mine:
+            renewed = "caps and floors as decided, lease renewed" if is_rack[k] else "setpoint as decided"
+            out.append(f"{head}: no cut here this period: {renewed}")
+            continue
+        more = f"; +{len(mine) - most} more" if len(mine) > most else ""
+        out.append(f"{head}: " + "; ".join(mine[:most]) + more)
     return out
 
 

@@ -152,7 +152,9 @@ def decode_acc32(words: Sequence[int] | WordArray) -> FloatArray:
 def decode_float32(words: Sequence[int] | WordArray) -> FloatArray:
     """IEEE 754 binary32, high word first; any NaN pattern -> NaN; infinities stay infinite."""
     u = _pairs(as_words(words))
-    return u.view(np.float32).astype(np.float64)
+    with np.errstate(invalid="ignore"):  # a signalling NaN (e.g. 0x7F800001) is a NaN too, not a warning
+        out: FloatArray = u.view(np.float32).astype(np.float64)
+    return out
 
 
 def decode_string(words: Sequence[int] | WordArray) -> str | None:
@@ -726,6 +728,53 @@ SITE_DOMAIN = (
 
 def site_domain_address(d: int) -> int:
     return SITE_DOMAIN_BASE + SITE_DOMAIN_STRIDE * d
+
+
+# -- what a controller may write -------------------------------------------------------------------------------------
+
+Span = tuple[int, int]  # [start, stop) register addresses
+
+
+def _merge(spans: Iterable[Span]) -> list[Span]:
+    out: list[Span] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def writable_spans(block: Block, at: int = 0) -> list[Span]:
+    """The registers of `block`'s RW fields as [start, stop) spans from address `at` (adjacent fields merged)."""
+    return _merge((at + f.offset, at + f.offset + f.n) for f in block.fields if f.access == "RW")
+
+
+def rack_writable_spans(n_racks: int) -> list[Span]:
+    """dimmer-rack-v1: the header's RW registers (lease_s, heartbeat) and the command records of racks 0..n-1."""
+    if not 1 <= n_racks <= RACK_MAX:
+        raise ValueError(f"n_racks must be in 1..{RACK_MAX} (got {n_racks})")
+    return _merge([*writable_spans(RACK_HEADER), (RACK_CMD_BASE, rack_cmd_address(n_racks))])
+
+
+def span_allowed(spans: Sequence[Span], address: int, count: int) -> bool:
+    """True when [address, address + count) lies inside one of `spans` (merged spans: one must hold it all)."""
+    return count > 0 and any(a <= address and address + count <= b for a, b in spans)
+
+
+def out_of_range(fields: Sequence[Field], values: Mapping[str, FloatArray]) -> str | None:
+    """Why `values` (per-record arrays of the fields named) may not be written, or None: a value that is NaN, or
+    outside its field's declared range (an infinity only where the range is unbounded). The first offence."""
+    for f in fields:
+        if f.name not in values:
+            continue
+        v = np.asarray(values[f.name], dtype=np.float64).reshape(-1)
+        with np.errstate(invalid="ignore"):
+            bad = np.isnan(v) | (v < f.lo) | (v > f.hi)
+        if np.any(bad):
+            i = int(np.argmax(bad))
+            return f"{f.name} {float(v[i])!r} at record {i} outside its declared range {_range(f) or 'any number'}"
+    return None
 
 
 # -- documentation ---------------------------------------------------------------------------------------------------

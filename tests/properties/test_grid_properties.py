@@ -10,6 +10,7 @@ from dimmer.site import build_site
 from dimmer.siteconfig import LevelSpec, PccSpec, SiteSpec
 from gridsim.plant.breakers import BreakerBank, BreakerSpec
 from gridsim.plant.grid import FrequencyModel, FrequencySpec, band_rms_w, state_matrices
+from tests.budget import examples
 
 SITE = build_site(
     SiteSpec(
@@ -19,7 +20,7 @@ SITE = build_site(
 )
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     ratios=st.lists(
         st.lists(st.floats(0.0, 12.0), min_size=SITE.n_domains, max_size=SITE.n_domains),
@@ -62,7 +63,7 @@ def _stable_spec(h: float, r: float, d: float, tg: float, tt: float) -> Frequenc
     return FrequencySpec(inertia_h_s=h, droop_r_pu=r, damping_d_pu=d, governor_tg_s=tg, turbine_tt_s=tt)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     h=st.floats(2.0, 9.0),
     r=st.floats(0.04, 0.1),
@@ -97,7 +98,7 @@ def test_frequency_follows_the_load_step(
     assert np.allclose(dev2, 2 * dev[:50], rtol=1e-9, atol=1e-15)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
     scale=st.floats(-1e3, 1e3).filter(lambda x: abs(x) > 1e-3),

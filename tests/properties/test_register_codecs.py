@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from dimmer.daemon import registers as R
 from dimmer.daemon.bus import InMemoryBus
 from dimmer.daemon.devices import RackDevice, SiteDevice, SunSpecBattery, SunSpecMeter
+from tests.budget import examples
 
-S = settings(max_examples=50, deadline=None)
+S = settings(max_examples=examples(50), deadline=None)
 words_st = st.lists(st.integers(0, 0xFFFF), min_size=0, max_size=40)
 even_words_st = st.lists(st.integers(0, 0xFFFF), min_size=0, max_size=20).map(lambda w: w + w[: len(w) % 2])
 
@@ -145,7 +146,7 @@ def test_arbitrary_words_decode_records(n: int, data: st.DataObject) -> None:
         assert np.all((v[ok] >= f.lo) & (v[ok] <= f.hi))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(st.lists(st.integers(0, 0xFFFF), min_size=700, max_size=700), st.sampled_from([0, 40000]))
 def test_devices_on_arbitrary_registers_never_raise(words: list[int], base: int) -> None:
     """Whatever a device holds, read() returns a Reading (ok or not), never an exception."""
@@ -188,7 +189,7 @@ def _valid_images() -> dict[int, list[int]]:
     return {2: battery, 1: meter, 10: rack, 3: site}
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 400), st.integers(0, 0xFFFF)), min_size=1, max_size=6))
 def test_devices_on_corrupted_valid_images_never_raise(edits: list[tuple[int, int]]) -> None:
     """Valid layouts with a few registers overwritten: deeper paths (model chain, headers, records)."""

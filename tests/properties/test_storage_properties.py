@@ -29,6 +29,7 @@ from dimmer.site import SiteModel, build_site
 from dimmer.siteconfig import SiteSpec
 from gridsim.plant.gpu import GpuActuationSpec, GpuBank
 from gridsim.plant.storage import CampusBess, CapacitorTrays, RackBbus
+from tests.budget import examples
 
 MAX_STEPS = 40
 RACK_W = 200e3
@@ -92,7 +93,7 @@ def _tol(*scales: float) -> float:
     return 1e-11 * max(1.0, *(abs(x) for x in scales))
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(site_and_loads())
 def test_tray_energy_balance_window_and_no_back_feed(case: tuple[SiteModel, np.ndarray, float]) -> None:
     site, loads, dt_s = case
@@ -112,7 +113,7 @@ def test_tray_energy_balance_window_and_no_back_feed(case: tuple[SiteModel, np.n
         assert np.all(np.abs(rack - up) <= trays.power_max_w * (1 + 1e-12) + 1e-9)
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(site_and_loads(), st.data())
 def test_bbu_energy_balance_window_and_grid_side_draw(
     case: tuple[SiteModel, np.ndarray, float], data: st.DataObject
@@ -150,7 +151,7 @@ def test_bbu_energy_balance_window_and_grid_side_draw(
         assert np.all(u <= r + c + eps)
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(
     sites(),
     st.lists(
@@ -182,7 +183,7 @@ def test_bess_energy_balance_power_and_soc_window(site: SiteModel, steps: list[t
         assert bess.equivalent_cycles() >= 0.0
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(sites(), st.sampled_from(["inband", "oob"]), st.data())
 def test_gpu_caps_floors_and_draw_stay_in_range(site: SiteModel, path: str, data: st.DataObject) -> None:
     n = site.n_racks
