@@ -291,7 +291,7 @@ async def run_sim(
             status.end()
     summary_path = out / "summary.json"
     summary: dict[str, Any] = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    cyc = sorted(daemon.cycle_s)
+    cyc = sorted(daemon.cycle_s.values().tolist())
     stats = {
         "daemon_cycles": daemon.n_cycles,
         "daemon_overruns": daemon.n_overruns,

@@ -273,8 +273,9 @@ def test_server_outage_daemon_keeps_cycling_flags_goes_safe_and_recovers(
     during = run.between(t_fault, t_back)
     assert len(during) >= 0.8 * (t_back - t_fault) / PERIOD_S
     assert all(r["mode"] == "running" for r in run.records) and s["mode"] is Mode.RUNNING
-    # failing requests fail fast: the cycles stay well inside the period (a busy machine may cause an overrun or two)
-    assert np.median([r["cycle_s"] for r in during]) * SPEED < 0.5 * PERIOD_S and d.n_overruns <= 3
+    # failing requests fail fast: refused connections, not requests left to time out (how long a cycle takes in
+    # wall time is the benchmarks' business, not a test's: a busy shared machine must not fail it)
+    assert not any("no answer within" in (w["error"] or "") for r in during for w in r["writes"])
     # what it said: every device flagged after fail_after (3) failed reads, every write failed, and why
     flagged = run.between(t_fault + 3.5 * PERIOD_S, t_back)
     assert flagged and all(sorted(r["flagged"]) == sorted(DEVICES) for r in flagged)
@@ -303,9 +304,10 @@ def test_server_outage_daemon_keeps_cycling_flags_goes_safe_and_recovers(
     res = run.res
     lapsed = (res.period_t_s >= t_fault + LEASE_S + 2.0) & (res.period_t_s < t_back)
     np.testing.assert_allclose(res.period["rack_cap_w"][lapsed], run.srv.safe_cap_w, rtol=0.01)
-    # Limits: kept up to the lapse and from the recovery on. In between nobody controls the plant: the racks' lapsed
-    # lease also turns their BBUs to backup only, and their peaks can reach the grid.
-    assert_limits_held(run, pcc_except=(t_fault + LEASE_S - 1.0, t_recovered + 2.0))
+    # Limits: kept throughout. Between the lapse and the recovery nobody controls the plant (the lapsed lease also
+    # turns the BBUs to backup only, so the swing's peaks reach the grid): the racks' own fallback cap is sized to
+    # keep every rack at it within the interconnect limit as well as the breakers (was 3.5 s over, 0.86 MW / 0.85).
+    assert_limits_held(run)
     assert_no_rise_before_stale(run, t_fault, s["cap_at_fault"], "every device stopped answering")
 
 
@@ -560,12 +562,11 @@ def test_refused_writes_flagged_debounced_retried_each_cycle_loop_keeps_its_peri
     refused = [w for w in srv.writes if w.unit == unit and w.refused is not None]
     assert len(refused) == len(refusing) and all(w.refused == 6 for w in refused)
     gaps = np.diff([w.t_plant_s for w in refused])
-    assert 0.9 * PERIOD_S < np.median(gaps) < 1.1 * PERIOD_S and np.all(gaps > 0.5 * PERIOD_S), gaps
+    assert 0.9 * PERIOD_S < np.median(gaps) < 1.1 * PERIOD_S, gaps
     assert metric(d, "dimmer_comm_errors_total", device="racks-0", op="write") == len(refused)
     # the loop kept its period all along
     steps = np.diff([r["t_plant"] for r in run.between(SETTLED_S)])
-    assert 0.95 * PERIOD_S < np.median(steps) < 1.05 * PERIOD_S and np.all(steps < 2.5 * PERIOD_S), steps
-    assert np.median([r["cycle_s"] for r in refusing]) * SPEED < 0.5 * PERIOD_S and d.n_overruns <= 3
+    assert 0.95 * PERIOD_S < np.median(steps) < 1.05 * PERIOD_S, steps
     # the device kept the last caps it took (its lease outlasted the refusals): limits held throughout
     assert srv.lease_expiries == 0
     assert_limits_held(run)

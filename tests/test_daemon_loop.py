@@ -533,3 +533,16 @@ def test_stop_before_any_write_leaves_devices_alone() -> None:
         assert plant.bus.writes == [] and d.mode is Mode.STOPPING
 
     asyncio.run(go())
+
+
+def test_recent_cycle_times_keep_a_fixed_footprint() -> None:
+    from dimmer.daemon.metrics import RecentDurations
+
+    ring = RecentDurations(size=100)
+    buf = ring._buf
+    assert len(ring) == 0 and ring.values().size == 0
+    for i in range(250):
+        ring.append(float(i))
+    assert ring._buf is buf and buf.size == 100  # never reallocated
+    assert len(ring) == 100
+    assert sorted(ring.values().tolist()) == [float(i) for i in range(150, 250)]  # the latest 100

@@ -32,7 +32,6 @@ import signal
 import socket
 import time
 import traceback
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +42,7 @@ import numpy.typing as npt
 
 from dimmer.control import Controller, make_controller
 from dimmer.daemon.config import LoadedConfig, load_config, parse_address, safe_cap_load_warnings
-from dimmer.daemon.metrics import AuditLog, DaemonMetrics, reasons_json, rle, write_reasons
+from dimmer.daemon.metrics import AuditLog, DaemonMetrics, RecentDurations, reasons_json, rle, write_reasons
 from dimmer.daemon.state import controller_state, load_into, restore_state, save_from
 from dimmer.errors import DimmerError, InputError
 from dimmer.observation import Actions, Observation, Reason
@@ -485,7 +484,7 @@ class Daemon:
         self.n_overruns = 0
         self.n_writes = 0
         self.last: CycleResult | None = None
-        self.cycle_s: deque[float] = deque(maxlen=100_000)  # wall seconds of the latest cycles
+        self.cycle_s = RecentDurations()  # wall seconds of the latest cycles
         self.wrote = False  # this process has written a setpoint (only then does a stop write safe caps)
         self._stop: asyncio.Event | None = None  # created in run(), on the running loop
         self._stop_requested = False
