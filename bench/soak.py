@@ -39,6 +39,7 @@ import signal
 import sys
 import tempfile
 import time
+import tracemalloc
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -156,8 +157,9 @@ def plant_child(scenario_json: str, speed: float) -> int:
     return asyncio.run(main())
 
 
-def daemon_child(config_json: str, speed: float, window_s: float) -> int:
-    """Run the daemon until SIGTERM; print one JSON line of cycle figures per `window_s` wall seconds."""
+def daemon_child(config_json: str, speed: float, window_s: float, trace_malloc: bool = False) -> int:
+    """Run the daemon until SIGTERM; print one JSON line of cycle figures per `window_s` wall seconds. With
+    `trace_malloc`, log at the end where the memory allocated since the first window went (slows the daemon)."""
     from dimmer.daemon.config import validate_config
     from dimmer.daemon.loop import CycleResult, Daemon
 
@@ -180,11 +182,37 @@ def daemon_child(config_json: str, speed: float, window_s: float) -> int:
     async def main() -> None:
         daemon.install_signal_handlers()
         reporter = asyncio.create_task(report())
+        if trace_malloc:
+            asyncio.get_running_loop().call_later(window_s, start_tracing)
         try:
             await daemon.run()
         finally:
             reporter.cancel()
             print(json.dumps(win.flush(period_wall_s, daemon)), flush=True)
+            if trace_malloc:
+                report_growth()
+
+    first: list[Any] = []
+
+    def start_tracing() -> None:  # after one window: connections, discovery and caches are in place by then
+        tracemalloc.start(8)
+        first.append(tracemalloc.take_snapshot())
+
+    def report_growth() -> None:
+        if not first:
+            return
+        stats = tracemalloc.take_snapshot().compare_to(first[0], "traceback")
+        log = logging.getLogger("soak")
+        log.warning(
+            "tracemalloc: %.2f MB more traced than after the first window", sum(s.size_diff for s in stats) / 1e6
+        )
+        for st in stats[:12]:
+            log.warning(
+                "tracemalloc: %+.1f kB in %+d blocks at\n  %s",
+                st.size_diff / 1e3,
+                st.count_diff,
+                "\n  ".join(st.traceback.format()[-8:]),
+            )
 
     asyncio.run(main())
     return 0
@@ -361,6 +389,7 @@ async def soak(args: argparse.Namespace, tmp: Path) -> Run:
         str(tmp / "daemon.json"),
         repr(args.speed),
         repr(args.window_s),
+        "trace" if args.tracemalloc else "-",
         stderr_path=tmp / "daemon.log",
     )
     t0 = time.monotonic()
@@ -514,15 +543,16 @@ def main() -> None:
     ap.add_argument("--rss-every-s", type=float, default=5.0, help="wall seconds between RSS samples (default 5)")
     ap.add_argument("--json", type=Path, help="write the figures and every window here")
     ap.add_argument("--keep", type=Path, help="keep the run's files (logs, audit log, scenario) in this directory")
+    ap.add_argument("--tracemalloc", action="store_true", help="log where the daemon's memory grew (slows it)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every window as it ends")
     ap.add_argument("--plant-child", nargs=2, help=argparse.SUPPRESS)
-    ap.add_argument("--daemon-child", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--daemon-child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.plant_child:
         raise SystemExit(plant_child(args.plant_child[0], float(args.plant_child[1])))
     if args.daemon_child:
         c = args.daemon_child
-        raise SystemExit(daemon_child(c[0], float(c[1]), float(c[2])))
+        raise SystemExit(daemon_child(c[0], float(c[1]), float(c[2]), c[3] == "trace"))
     if not (args.minutes > 0 and args.speed > 0 and args.fault_every_min > 0 and args.window_s > 0):
         ap.error("--minutes, --speed, --fault-every-min and --window-s must be positive")
     if args.minutes * 60.0 * args.speed < 1200.0:

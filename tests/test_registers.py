@@ -13,6 +13,16 @@ from dimmer.daemon import registers as R
 DOC = Path(__file__).resolve().parents[1] / "docs" / "registers.md"
 
 
+def test_a_signalling_nan_decodes_to_nan_without_a_warning() -> None:
+    """Found by the long hypothesis run: 0x7F80 0x0001 (a signalling NaN) raised numpy's 'invalid value' warning."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert math.isnan(R.decode_float32([0x7F80, 0x0001])[0])
+        assert np.isnan(R.decode_float32([0xFF80, 0x0001, 0x7F80, 0x0001])).all()
+
+
 def test_float32_is_ieee754_high_word_first() -> None:
     assert R.encode_float32(1.0) == [0x3F80, 0x0000]
     assert R.encode_float32(-2.5) == [0xC020, 0x0000]
