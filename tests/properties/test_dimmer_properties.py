@@ -15,33 +15,15 @@ from hypothesis import strategies as st
 from dimmer.control import make_controller
 from dimmer.control.plausibility import PccCheck
 from dimmer.observation import Observation
-from dimmer.site import SiteModel, build_site
-from dimmer.siteconfig import JobPlacementSpec, LevelSpec, PccSpec, SiteSpec
-
-
-def _site(rows: int, racks: int, n_jobs: int, bess_mw: float) -> SiteModel:
-    spec = SiteSpec(
-        pcc=PccSpec(limit_mw=0.12 * rows * racks, ramp_mw_per_min=1.0),
-        spare_rack_frac=0.0,
-        levels=[LevelSpec(level="row", count=rows, rating_kw=110 * racks), LevelSpec(level="rack", count=racks)],
-        storage={"bess": {"power_mw": bess_mw, "energy_mwh": bess_mw}},  # type: ignore[arg-type]
-    )
-    n = rows * racks
-    bounds = np.linspace(0, n, n_jobs + 1).round().astype(int)
-    jobs = [
-        JobPlacementSpec(name=f"j{i}", priority=i % 3, racks=(int(bounds[i]), int(bounds[i + 1])))
-        for i in range(n_jobs)
-        if bounds[i + 1] > bounds[i]
-    ]
-    return build_site(spec, jobs)
-
+from dimmer.site import SiteModel
+from tests.properties.small_sites import small_site
 
 floats = st.one_of(st.just(math.nan), st.floats(min_value=-1e3, max_value=1e9))
 
 
 @st.composite
 def scenario(draw: st.DrawFn) -> tuple[SiteModel, list[dict[str, Any]]]:
-    site = _site(
+    site = small_site(
         draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(0, 3)), draw(st.sampled_from([0.0, 0.3]))
     )
     steps = []

@@ -1,0 +1,26 @@
+"""The small sites the controller's property tests run on: rows of GB300 racks, jobs in contiguous rack ranges."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dimmer.site import SiteModel, build_site
+from dimmer.siteconfig import JobPlacementSpec, LevelSpec, PccSpec, SiteSpec
+
+
+def small_site(rows: int, racks: int, n_jobs: int, bess_mw: float) -> SiteModel:
+    """Rows rated 110 kW a rack (a GB300 rack draws up to ~126 kW: every row is oversubscribed)."""
+    spec = SiteSpec(
+        pcc=PccSpec(limit_mw=0.12 * rows * racks, ramp_mw_per_min=1.0),
+        spare_rack_frac=0.0,
+        levels=[LevelSpec(level="row", count=rows, rating_kw=110 * racks), LevelSpec(level="rack", count=racks)],
+        storage={"bess": {"power_mw": bess_mw, "energy_mwh": bess_mw}},
+    )
+    n = rows * racks
+    bounds = np.linspace(0, n, n_jobs + 1).round().astype(int)
+    jobs = [
+        JobPlacementSpec(name=f"j{i}", priority=i % 3, racks=(int(bounds[i]), int(bounds[i + 1])))
+        for i in range(n_jobs)
+        if bounds[i + 1] > bounds[i]
+    ]
+    return build_site(spec, jobs)
