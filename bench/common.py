@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import math
 import platform
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -69,3 +73,30 @@ def _cores() -> int:
     import os
 
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+async def spawn_script(script: Path, *args: str, log_path: Path) -> asyncio.subprocess.Process:
+    """`python script args...` with its stdout piped to us and its stderr in `log_path`."""
+    with log_path.open("wb") as log_file:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, str(script), *args, stdout=asyncio.subprocess.PIPE, stderr=log_file
+        )
+
+
+async def first_json_line(
+    proc: asyncio.subprocess.Process, log_path: Path, what: str, timeout_s: float = 120.0
+) -> dict[str, Any]:
+    """The child's first stdout line, as JSON; if none comes, kill it and exit with the tail of its log."""
+    assert proc.stdout is not None
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), timeout=timeout_s)
+    except TimeoutError:
+        line = b""
+    if not line:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
+        raise SystemExit(f"the {what} did not start: " + " | ".join(tail))
+    result: dict[str, Any] = json.loads(line)
+    return result

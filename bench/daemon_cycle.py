@@ -42,7 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import campus, machine
+from common import campus, first_json_line, machine, spawn_script
 
 from gridsim.scenario import LoadedScenario
 
@@ -84,29 +84,9 @@ def serve_child(source: str, speed: float, duration_s: float) -> int:
 async def start_child(
     source: str, speed: float, duration_s: float, log_path: Path
 ) -> tuple[asyncio.subprocess.Process, dict[str, Any]]:
-    with log_path.open("wb") as log_file:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--serve-child",
-            source,
-            repr(speed),
-            repr(duration_s),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=log_file,
-        )
-    assert proc.stdout is not None
-    try:
-        line = await asyncio.wait_for(proc.stdout.readline(), timeout=120.0)
-    except TimeoutError:
-        line = b""
-    if not line:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
-        tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
-        raise SystemExit("the plant server did not start: " + " | ".join(tail))
-    return proc, json.loads(line)
+    args = ("--serve-child", source, repr(speed), repr(duration_s))
+    proc = await spawn_script(Path(__file__).resolve(), *args, log_path=log_path)
+    return proc, await first_json_line(proc, log_path, "plant server")
 
 
 # -- the parent: the daemon, timed from outside ------------------------------------------------------------------------

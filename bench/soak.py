@@ -48,7 +48,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import machine
+from common import first_json_line, machine, spawn_script
 
 REPO = Path(__file__).resolve().parents[1]
 SITE_SCENARIO = REPO / "scenarios" / "faults" / "curtailment.toml"  # the fault test site; its events are replaced
@@ -335,26 +335,6 @@ def rss_mb(pid: int) -> float:
     return math.nan
 
 
-async def spawn(*args: str, stderr_path: Path) -> asyncio.subprocess.Process:
-    with stderr_path.open("wb") as err:
-        return await asyncio.create_subprocess_exec(
-            sys.executable, str(Path(__file__).resolve()), *args, stdout=asyncio.subprocess.PIPE, stderr=err
-        )
-
-
-async def first_line(proc: asyncio.subprocess.Process, log_path: Path, what: str) -> dict[str, Any]:
-    assert proc.stdout is not None
-    try:
-        line = await asyncio.wait_for(proc.stdout.readline(), timeout=120.0)
-    except TimeoutError:
-        line = b""
-    if not line:
-        tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
-        raise SystemExit(f"the {what} did not start: " + " | ".join(tail))
-    result: dict[str, Any] = json.loads(line)
-    return result
-
-
 @dataclass
 class Run:
     windows: list[dict[str, Any]] = field(default_factory=list)
@@ -378,19 +358,22 @@ async def soak(args: argparse.Namespace, tmp: Path) -> Run:
     (tmp / "scenario.json").write_text(json.dumps(raw))
     run = Run(events=raw["events"])
 
-    plant = await spawn("--plant-child", str(tmp / "scenario.json"), repr(args.speed), stderr_path=tmp / "plant.log")
-    device_map = await first_line(plant, tmp / "plant.log", "plant server")
+    me = Path(__file__).resolve()
+    plant_args = ("--plant-child", str(tmp / "scenario.json"), repr(args.speed))
+    plant = await spawn_script(me, *plant_args, log_path=tmp / "plant.log")
+    device_map = await first_json_line(plant, tmp / "plant.log", "plant server")
     proxy = ChaosProxy(int(device_map["port"]), random.Random(args.seed + 1))
     device_map["port"] = await proxy.start()
     cfg = sim_config(scenario, device_map, "dimmer", tmp, args.speed)
     (tmp / "daemon.json").write_text(json.dumps(cfg))
-    daemon = await spawn(
+    daemon = await spawn_script(
+        me,
         "--daemon-child",
         str(tmp / "daemon.json"),
         repr(args.speed),
         repr(args.window_s),
         "trace" if args.tracemalloc else "-",
-        stderr_path=tmp / "daemon.log",
+        log_path=tmp / "daemon.log",
     )
     t0 = time.monotonic()
     chaos = asyncio.create_task(proxy.chaos(args.net_fault_every_s)) if args.net_fault_every_s > 0 else None
