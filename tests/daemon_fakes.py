@@ -77,7 +77,16 @@ def battery_image(soc_frac: float, power_w: float = 0.0) -> list[int]:
     return R.sunspec_image(
         [
             (R.MODEL_1, {"Mn": "test", "Md": "bess"}),
-            (R.MODEL_701, {"St": 2, "ConnSt": 2, "W": power_w / 1e3, "W_SF": 3, "Hz_SF": -2}),
+            (
+                R.MODEL_701,
+                {
+                    "St": R.symbol(701, "St", "ON"),
+                    "ConnSt": R.symbol(701, "ConnSt", "CONNECTED"),
+                    "W": power_w / 1e3,
+                    "W_SF": 3,
+                    "Hz_SF": -2,
+                },
+            ),
             (R.MODEL_704, {"WSetEna": 0, "WSet_SF": 1, "WSetPct_SF": 0}),
             (
                 R.MODEL_802,

@@ -234,9 +234,9 @@ def test_meter_reads_power_and_frequency_in_one_request() -> None:
 @pytest.mark.parametrize("base", [0, 50000])
 def test_meter_discovers_the_marker_and_float_model(base: int) -> None:
     async def go() -> None:
-        r = await SunSpecMeter(meter_bus(base, R.MODEL_213), 7, base=None).read()
+        r = await SunSpecMeter(meter_bus(base, R.MODEL_213), 7).read()  # no base: 40000, then 0, then 50000
         assert r.ok and r.values["power_w"] == pytest.approx(12_345_678.0)
-        r = await SunSpecMeter(meter_bus(base, R.MODEL_213), 7).read()  # looks at 40000 only
+        r = await SunSpecMeter(meter_bus(base, R.MODEL_213), 7, base=40000).read()  # looks at 40000 only
         assert not r.ok and "refused" in (r.error or "")
         assert math.isnan(r.scalar("power_w"))
 
@@ -266,7 +266,7 @@ def battery_bus() -> InMemoryBus:
     img = R.sunspec_image(
         [
             (R.MODEL_1, {"Mn": "ACME"}),
-            (R.MODEL_701, {"W": -1_500_000.0, "W_SF": 3, "ConnSt": 2, "St": 2}),
+            (R.MODEL_701, {"W": -1_500_000.0, "W_SF": 3, "ConnSt": CONNECTED, "St": ON}),
             (R.MODEL_704, {"WSet_SF": 1, "WSetRvrtRem": 3}),
             (
                 R.MODEL_802,
@@ -276,8 +276,11 @@ def battery_bus() -> InMemoryBus:
     )
     bus.set_words(2, 40000, img)
     img802 = R.model_offsets([R.MODEL_1, R.MODEL_701, R.MODEL_704, R.MODEL_802])[802]
-    bus.set_words(2, 40000 + img802 + 22, [R.BATTERY_CONNECTED])
+    bus.set_words(2, 40000 + img802 + R.MODEL_802.offset("State"), [R.BATTERY_CONNECTED])
     return bus
+
+
+CONNECTED, ON = R.symbol(701, "ConnSt", "CONNECTED"), R.symbol(701, "St", "ON")
 
 
 def test_battery_reads_power_soc_limits_and_state() -> None:
@@ -294,23 +297,102 @@ def test_battery_reads_power_soc_limits_and_state() -> None:
     run(go())
 
 
-def test_battery_setpoint_writes_704_then_the_heartbeat() -> None:
+def test_battery_setpoint_writes_two_writable_spans_reads_back_then_the_heartbeat() -> None:
     async def go() -> None:
         bus = battery_bus()
         b = SunSpecBattery(bus, 2)
-        await b.write_setpoint(-2_345_670.0, 4.2)
+        w = await b.write_setpoint(-2_345_670.0, 4.2)
         await b.write_setpoint(1000.0, 4.2)
-        at = R.model_offsets([R.MODEL_1, R.MODEL_701, R.MODEL_704, R.MODEL_802])
-        (u, a, w), (u2, a2, w2) = bus.writes[:2]
-        assert (u, a, len(w)) == (2, 40000 + at[704] + 22, 13)
-        v = R.decode_block(R.MODEL_704, bus.get_words(2, 40000 + at[704], R.MODEL_704.length))
-        assert (v["WSetEna"], v["WSetMod"], v["WSetRvrtEna"], v["WSetRvrtTms"]) == (1, 2, 1, 5)
-        assert v["WSet"] == 1000.0 and v["WSetRvrt"] == 0.0 and math.isnan(v["WSetPct"])  # type: ignore[arg-type]
-        assert R.decode_int32(w[2:4])[0] * 10 == -2_345_670.0  # scaled by the device's WSet_SF = 1
-        assert (u2, a2, w2) == (2, 40000 + at[802] + 19, [1])
-        assert bus.writes[3][2] == [2]  # heartbeat bumped again
+        at = 40000 + R.model_offsets([R.MODEL_1, R.MODEL_701, R.MODEL_704, R.MODEL_802])[704]
+        # the published 704 layout: WSetEnaRvrt +30, WSetRvrtTms +31 (uint32); WSetEna +22 .. WSetRvrt +26 (int32)
+        (u1, a1, w1), (u2, a2, w2), (u3, a3, w3) = bus.writes[:3]
+        assert (u1, a1, len(w1)) == (2, at + 30, 3) and w1 == [1, 0, 5]  # ENABLED, 5 s (rounded up)
+        assert (u2, a2, len(w2)) == (2, at + 22, 6) and w2[:2] == [1, 1]  # ENABLED, WATTS (0-based)
+        assert R.decode_int32(w2[2:4])[0] * 10 == -2_345_670.0  # scaled by the device's WSet_SF = 1 (at +55)
+        assert R.decode_int32(w2[4:6])[0] == 0.0  # reverts to 0 W
+        v = R.decode_block(R.MODEL_704, bus.get_words(2, at, R.MODEL_704.length))
+        assert v["WSet"] == 1000.0 and math.isnan(v["WSetPct"])  # type: ignore[arg-type]  # never written
+        at802 = 40000 + R.model_offsets([R.MODEL_1, R.MODEL_701, R.MODEL_704, R.MODEL_802])[802]
+        assert (u3, a3, w3) == (2, at802 + 19, [1])
+        assert bus.writes[5][2] == [2]  # heartbeat bumped again
+        # no request touches a read-only point (WSetRvrtRem at +33, the scale factors)
+        for _, a, words in bus.writes:
+            assert R.span_allowed(b.writable_spans(), a, len(words))
+        assert w.model == 704 and w.scale_factor == 1 and w.read_back
+        assert w.as_audit()["requests"] == [{"address": at + 30, "words": w1}, {"address": at + 22, "words": w2}]
         with pytest.raises(ValueError):
             await b.write_setpoint(math.nan, 5)
+
+    run(go())
+
+
+def test_battery_setpoint_that_does_not_read_back_is_an_error() -> None:
+    """A device that stores something else than what was written (a clamp, a stuck register) is not trusted."""
+
+    class ClampingBus(InMemoryBus):
+        async def write(self, unit: int, address: int, values: list[int]) -> None:
+            await super().write(unit, address, [min(v, 100) for v in values])
+
+    async def go() -> None:
+        bus = ClampingBus()
+        bus.set_words(2, 40000, battery_bus().get_words(2, 40000, 400))
+        with pytest.raises(DeviceError, match="read back"):
+            await SunSpecBattery(bus, 2).write_setpoint(50_000.0, 5)
+
+    run(go())
+
+
+def test_a_draft_layout_of_704_is_refused_not_misread() -> None:
+    """The 2020 draft of 704 had L = 69: its WSet_SF sat where the published model keeps PFWInj.PF."""
+
+    async def go() -> None:
+        bus = InMemoryBus()
+        draft = R.encode_block(R.MODEL_704, {"WSet_SF": 0})[2:] + [0xFFFF] * 4
+        img = R.sunspec_image([(R.MODEL_1, {}), (R.MODEL_701, {"W_SF": 0})])[:-2]
+        img += [704, 69, *draft, 0xFFFF, 0]
+        bus.set_words(2, 40000, img)
+        r = await SunSpecBattery(bus, 2).read()
+        assert not r.ok and "model 704 has L = 69" in (r.error or "") and "L = 65" in (r.error or "")
+        with pytest.raises(R.DecodeError):
+            await SunSpecBattery(bus, 2).write_setpoint(1.0, 5)
+        assert bus.writes == []
+
+    run(go())
+
+
+def test_battery_enums_are_the_published_ones() -> None:
+    """701 ConnSt CONNECTED is 1 and DISCONNECTED 0 (the 2020 draft: 2 and 1): a connected battery is on line."""
+
+    async def go() -> None:
+        bus = battery_bus()
+        at = 40000 + R.model_offsets([R.MODEL_1, R.MODEL_701])[701]
+        b = SunSpecBattery(bus, 2)
+        assert (await b.read()).values["online"] == 1.0
+        bus.set_words(2, at + R.MODEL_701.offset("ConnSt"), [R.symbol(701, "ConnSt", "DISCONNECTED")])
+        assert (await b.read()).values["online"] == 0.0
+        bus.set_words(2, at + R.MODEL_701.offset("ConnSt"), [CONNECTED])
+        bus.set_words(2, at + R.MODEL_701.offset("St"), [R.symbol(701, "St", "OFF")])
+        assert (await b.read()).values["online"] == 0.0
+
+    run(go())
+
+
+def test_713_soc_uses_its_scale_factor() -> None:
+    """713 SoC is scaled by Pct_SF (at +8: L = 7): SoC 612 with Pct_SF -1 is 61.2 %, not NaN and not 612 %."""
+
+    async def go() -> None:
+        bus = InMemoryBus()
+        img = R.sunspec_image(
+            [
+                (R.MODEL_1, {}),
+                (R.MODEL_701, {"W": 0.0, "W_SF": 0, "ConnSt": CONNECTED, "St": ON}),
+                (R.MODEL_713, {"SoC": 61.2, "Pct_SF": -1}),
+            ]
+        )
+        bus.set_words(2, 40000, img)
+        r = await SunSpecBattery(bus, 2).read()
+        assert r.ok, r.error
+        assert r.values["soc_frac"] == pytest.approx(0.612) and r.values["online"] == 1.0
 
     run(go())
 

@@ -1,4 +1,5 @@
-"""Register codecs and maps, against hand-computed words and the SunSpec model definitions."""
+"""Register codecs and maps, against hand-computed words (the SunSpec models against pysunspec2:
+tests/test_sunspec_definitions.py)."""
 
 from __future__ import annotations
 
@@ -100,48 +101,6 @@ def test_bad_words_are_decode_errors() -> None:
         R.check_suns([0x5375, 0x6E54])
 
 
-# The model lengths L published in the SunSpec model definitions (sunspec/models json/model_<id>.json): the sum
-# of the point sizes. Our blocks carry L + 2 (ID and L), and every field must lie inside.
-SUNSPEC_L = {1: 66, 203: 105, 213: 124, 701: 153, 704: 69, 713: 6, 802: 62}
-
-
-@pytest.mark.parametrize("mid", sorted(SUNSPEC_L))
-def test_sunspec_model_lengths_and_fields_fit(mid: int) -> None:
-    block = R.SUNSPEC_MODELS[mid]
-    assert block.length - 2 == SUNSPEC_L[mid]
-    for f in block.fields:
-        assert f.offset >= 2 and f.offset + f.n <= block.length, f.name
-        if f.sf is not None:
-            assert block.field(f.sf).kind == "sunssf"
-
-
-def test_sunspec_point_offsets_from_the_model_definitions() -> None:
-    # counted from the ID register in sunspec/models json/model_*.json
-    assert R.MODEL_203.field("W").offset == 18 and R.MODEL_203.field("W_SF").offset == 22
-    assert R.MODEL_213.field("W").offset == 28
-    assert R.MODEL_701.field("W").offset == 10 and R.MODEL_701.field("W_SF").offset == 116
-    assert R.MODEL_704.field("WSet").offset == 24 and R.MODEL_704.field("WSetRvrtTms").offset == 33
-    assert R.MODEL_704.field("WSet_SF").offset == 59
-    assert R.MODEL_802.field("SoC").offset == 11 and R.MODEL_802.field("SoC_SF").offset == 56
-    assert R.MODEL_802.field("CtrlHb").offset == 19
-
-
-def test_scaled_sunspec_values_and_ranges() -> None:
-    words = R.encode_block(R.MODEL_203, {"W": 15_103_000.0, "W_SF": 3, "Hz": 50.02, "Hz_SF": -2})
-    assert words[:2] == [203, 105]
-    assert words[18] == 15103 and words[22] == 3
-    v = R.decode_block(R.MODEL_203, words)
-    assert v["W"] == 15_103_000.0 and v["Hz"] == pytest.approx(50.02)
-    assert math.isnan(v["A"])  # type: ignore[arg-type]  # not given: not implemented, not zero
-    # a value out of its declared range is an error value, not a clamp
-    bat = R.encode_block(R.MODEL_802, {"SoC": 50.0, "SoC_SF": 0})
-    bat[11] = 101
-    assert math.isnan(R.decode_block(R.MODEL_802, bat)["SoC"])  # type: ignore[arg-type]
-    # a missing scale factor makes the value unknown
-    words[22] = R.SF_NA
-    assert math.isnan(R.decode_block(R.MODEL_203, words)["W"])  # type: ignore[arg-type]
-
-
 def test_sunspec_image_walk() -> None:
     models = [R.MODEL_1, R.MODEL_701, R.MODEL_704, R.MODEL_802]
     img = R.sunspec_image([(m, {}) for m in models])
@@ -158,11 +117,22 @@ def test_sunspec_image_walk() -> None:
 
 def test_partial_block_decode() -> None:
     words = R.encode_block(R.MODEL_704, {"WSetRvrtRem": 7})
+    stop = R.MODEL_704.offset("WSetRvrtRem") + 2
     with pytest.raises(R.DecodeError):
-        R.decode_block(R.MODEL_704, words[:37])
-    v = R.decode_block(R.MODEL_704, words[:37], partial=True)
+        R.decode_block(R.MODEL_704, words[:stop])
+    v = R.decode_block(R.MODEL_704, words[:stop], partial=True)
     assert v["WSetRvrtRem"] == 7.0 and "WSet_SF" not in v
     assert math.isnan(v["WSet"])  # type: ignore[arg-type]  # its scale factor was not read
+    assert R.MODEL_704.stop("WSet") == R.MODEL_704.offset("WSet_SF") + 1  # a read for WSet covers its scale factor
+
+
+def test_a_missing_scale_factor_makes_the_value_unknown() -> None:
+    words = R.encode_block(R.MODEL_203, {"W": 15_103_000.0, "W_SF": 3, "Hz": 50.02, "Hz_SF": -2})
+    assert R.decode_block(R.MODEL_203, words)["W"] == 15_103_000.0
+    words[R.MODEL_203.offset("W_SF")] = R.SF_NA
+    assert math.isnan(R.decode_block(R.MODEL_203, words)["W"])  # type: ignore[arg-type]
+    words[R.MODEL_203.offset("W_SF")] = 11  # outside [-10, 10]
+    assert math.isnan(R.decode_block(R.MODEL_203, words)["W"])  # type: ignore[arg-type]
 
 
 def test_rack_map_layout() -> None:

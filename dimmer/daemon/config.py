@@ -55,7 +55,8 @@ class DeviceSpec(Strict):
     port: int = Field(default=502, ge=1, le=65535)  # 502 is the IANA Modbus/TCP port
     unit: int = Field(default=1, ge=1, le=247)  # Modbus unit id (0 is broadcast, 248-255 reserved)
     profile: str | None = None  # default: the kind's first profile
-    base: int = Field(default=40000, ge=0, le=65535)  # SunSpec base register (40000, 50000 or 0)
+    # SunSpec base register; none configured: the "SunS" marker is looked for at 40000, then 0, then 50000
+    base: int | None = Field(default=None, ge=0, le=65531)
     domain: str = "campus"  # meter: the domain it meters ("campus" is the interconnect, the PCC)
     first_rack: int | None = Field(default=None, ge=0)  # racks: the first rack (tree order) this device serves
     n_racks: int | None = Field(default=None, ge=1, le=RACK_MAX)  # dimmer-rack-v1 serves up to 64 racks a device

@@ -128,7 +128,7 @@ def test_arbitrary_words_decode_every_block(mid: int, data: st.DataObject) -> No
     words = data.draw(st.lists(st.integers(0, 0xFFFF), min_size=block.length, max_size=block.length))
     out = R.decode_block(block, words)
     for f in block.fields:
-        v = out[f.name]
+        v = out.get(f.name)  # pad points carry nothing
         if isinstance(v, float) and not math.isnan(v):
             assert f.lo <= v <= f.hi  # never out of the declared range: NaN instead
     for blk in (R.RACK_HEADER, R.SITE_HEADER):
