@@ -262,7 +262,8 @@ def _check_devices(cfg: DaemonConfig, site: SiteModel, source: str) -> tuple[str
             covered[first : first + n] += 1
         # a rack device may share an endpoint and unit with others (blocks of one rack controller); SunSpec devices
         # at the same endpoint, unit and base would read the same registers
-        ep = (dev.host, dev.port, dev.unit, dev.kind, dev.base if dev.kind != "racks" else -1 - i)
+        base = -1 if dev.base is None else dev.base  # none: discovered (40000, 0, 50000)
+        ep = (dev.host, dev.port, dev.unit, dev.kind, base if dev.kind != "racks" else -2 - i)
         if ep in endpoints:
             raise InputError(
                 source,
