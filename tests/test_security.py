@@ -239,8 +239,10 @@ def test_only_the_declared_writable_blocks_can_be_written(tmp_path: Path) -> Non
                 await battery._put(SUNSPEC_BASE, [0])
             await battery.discover()
             at = {k: SUNSPEC_BASE + v for k, v in R.model_offsets(list(BATTERY_MODELS)).items()}
-            for address, n in [(at[701] + 10, 1), (at[704] + 21, 2), (at[704] + 35, 1), (at[802] + 18, 1)]:
-                with pytest.raises(WriteNotAllowed):  # 701 W, before WSetEna, WSetRvrtRem, the battery's own Hb
+            for address, n in [(at[701] + 10, 1), (at[704] + 21, 2), (at[704] + 33, 2), (at[704] + 55, 1),
+                               (at[802] + 18, 1)]:  # fmt: skip
+                # 701 W, before WSetEna, WSetRvrtRem, WSet_SF, the battery's own Hb: read-only in the definitions
+                with pytest.raises(WriteNotAllowed):
                     await battery._put(address, [0] * n)
             requests = bus.requests
             assert srv.writes == []
@@ -331,7 +333,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Served:
 def _allowed_spans(config: dict[str, Any]) -> dict[int, list[tuple[int, int]]]:
     """The allow-list, written out from docs/registers.md (not from the code under test): by unit, the registers a
     daemon may write. Rack devices: lease_s and heartbeat (12 .. 15) and the command records of its racks
-    (16 + 8·i); the battery: 704 WSetEna .. WSetRvrtTms (+22 .. +34) and 802 CtrlHb (+19). Nothing else."""
+    (16 + 8·i); the battery: 704 WSetEna .. WSetRvrt (+22 .. +27), WSetEnaRvrt and WSetRvrtTms (+30 .. +32), and
+    802 CtrlHb (+19). Nothing else."""
     at: dict[int, int] = {}
     pos = SUNSPEC_BASE + 2
     for block in BATTERY_MODELS:
@@ -344,7 +347,11 @@ def _allowed_spans(config: dict[str, Any]) -> dict[int, list[tuple[int, int]]]:
         if dev["kind"] == "racks":
             out[dev["unit"]] = [(12, 16 + 8 * dev["n_racks"])]
         elif dev["kind"] == "battery":
-            out[dev["unit"]] = [(at[704] + 22, at[704] + 35), (at[802] + 19, at[802] + 20)]
+            out[dev["unit"]] = [
+                (at[704] + 22, at[704] + 28),
+                (at[704] + 30, at[704] + 33),
+                (at[802] + 19, at[802] + 20),
+            ]
     return out
 
 
@@ -369,12 +376,15 @@ def test_every_write_of_a_daemon_run_is_in_the_allow_list_and_in_range(served: S
         assert np.all(cmd["bbu_threshold_w"] >= 0)  # +inf (backup only) included
         assert np.all((cmd["bbu_recharge_w"] >= 0) & (cmd["bbu_recharge_w"] <= site.rack_storage.bbu_power_w + 1))
     at704 = _allowed_spans(served.config)[BATTERY_UNIT][0][0] - 22
-    sf = srv.words(BATTERY_UNIT, at704 + 59, 1)[0]  # WSet_SF, the battery's own
-    for w in writes:
-        if w.unit == BATTERY_UNIT and len(w.values) == 13:
-            v = R.decode_block(R.MODEL_704, [0] * 22 + list(w.values) + [0] * 24 + [sf, 0], 0)
-            assert abs(float(v["WSet"])) <= site.bess.power_w  # type: ignore[arg-type]
-            assert float(v["WSetRvrtTms"]) > 0  # type: ignore[arg-type]
+    sf = R.decode_sf(srv.words(BATTERY_UNIT, at704 + 55, 1)[0])  # WSet_SF (+55), the battery's own
+    setpoints = [w for w in writes if w.unit == BATTERY_UNIT and w.address == at704 + 22]
+    timers = [w for w in writes if w.unit == BATTERY_UNIT and w.address == at704 + 30]
+    assert setpoints and len(timers) == len(setpoints)
+    for w in setpoints:
+        assert len(w.values) == 6 and list(w.values[:2]) == [1, 1]  # WSetEna ENABLED, WSetMod WATTS
+        assert abs(float(R.apply_sf(R.decode_int32(w.values[2:4]), sf)[0])) <= site.bess.power_w
+    for w in timers:
+        assert len(w.values) == 3 and w.values[0] == 1 and R.decode_uint32(w.values[1:3])[0] > 0
 
 
 def test_a_write_outside_the_ratings_is_refused_logged_counted_and_never_sent(
