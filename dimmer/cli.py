@@ -77,11 +77,20 @@ def _parser() -> argparse.ArgumentParser:
     ag.add_argument("--gpu-index", type=int, action="append", metavar="I", help="only these NVML GPU indices")
     ag.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; see docs/daemon.md)")
     ag.add_argument("--port", type=int, default=5020, help="TCP port (default 5020; 0 picks a free one)")
+    ag.add_argument("--allow", action="append", default=[], metavar="ADDR[/PREFIX]",
+                    help="also accept connections from this address or network, e.g. the controller's "
+                    "(repeatable; loopback is always accepted unless --no-loopback; any other client is "
+                    "disconnected unread)")  # fmt: skip
+    ag.add_argument("--no-loopback", action="store_true",
+                    help="refuse loopback clients too (only the --allow addresses may connect)")  # fmt: skip
     ag.add_argument("--unit", type=int, default=1, help="Modbus unit id (default 1)")
     ag.add_argument("--first-rack", type=int, default=0, help="the rack index this host is in the site config")
     ag.add_argument("--period-s", type=float, default=1.0, help="refresh and lease check period (default 1 s)")
-    ag.add_argument("--lease-periods", type=int, default=10,
-                    help="fall back to the safe cap after this many periods without a write (default 10)")  # fmt: skip
+    lease = ag.add_mutually_exclusive_group()
+    lease.add_argument("--lease-periods", type=int, metavar="N",
+                       help="fall back to the safe cap after N periods without a write (default 10)")  # fmt: skip
+    lease.add_argument("--lease-s", type=float, metavar="S",
+                       help="the same lease in seconds (at least one period, at most 86400)")  # fmt: skip
     cap = ag.add_mutually_exclusive_group()
     cap.add_argument("--safe-cap-w", type=float, help="the safe per-GPU cap in W")
     cap.add_argument("--safe-cap-frac", type=float, default=0.6, help="the safe cap as a fraction of max (0.6)")
@@ -348,16 +357,62 @@ def _cmd_run_sim(args: argparse.Namespace) -> int:
 # -- dimmer agent ------------------------------------------------------------------------------------------------------
 
 
+def _agent_lease_s(args: argparse.Namespace) -> float:
+    """`dimmer agent`'s own lease in seconds, from --lease-s or --lease-periods x --period-s (validated)."""
+    if not (math.isfinite(args.period_s) and args.period_s > 0):
+        raise InputError("--period-s", "period_s", f"a positive number of seconds (got {args.period_s!r})")
+    if args.lease_s is not None:
+        opt, key, lease_s = "--lease-s", "lease_s", float(args.lease_s)
+        if not (math.isfinite(lease_s) and lease_s > 0):
+            raise InputError(opt, key, f"a positive number of seconds (got {lease_s!r})")
+    else:
+        periods = 10 if args.lease_periods is None else args.lease_periods
+        if periods < 1:
+            raise InputError("--lease-periods", "lease_periods", f"at least 1 (got {periods})")
+        opt, key, lease_s = "--lease-periods", "lease_periods", periods * args.period_s
+    if lease_s < args.period_s:
+        raise InputError(opt, key, f"a lease of at least one period ({args.period_s:g} s; got {lease_s:g} s)")
+    if lease_s > 86400.0:
+        raise InputError(opt, key, f"a lease of at most 86400 s, the map's range (got {lease_s:g} s)")
+    return lease_s
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _cmd_agent(args: argparse.Namespace) -> int:
-    from dimmer.daemon.agent import CapAgent
+    import logging
+
+    from dimmer.daemon.agent import AllowList, CapAgent
     from dimmer.daemon.nvml import GpuBackend, NvmlGpus, SimulatedGpus
 
     if not 1 <= args.unit <= 247:
         raise InputError("--unit", "unit", "a Modbus unit id in 1..247")
     if not 0 <= args.port <= 65535:
         raise InputError("--port", "port", "a TCP port in 0..65535")
-    if args.period_s <= 0 or args.lease_periods < 1:
-        raise InputError("--period-s", "period_s", "a positive period and at least one lease period")
+    lease_s = _agent_lease_s(args)
+    if not 0 <= args.first_rack < 0xFFFFFFFF:
+        raise InputError("--first-rack", "first_rack", f"a rack index in 0..{0xFFFFFFFF - 1} (got {args.first_rack})")
+    if not (math.isfinite(args.overhead_w) and args.overhead_w >= 0):
+        raise InputError("--overhead-w", "overhead_w", f"a number of watts >= 0 (got {args.overhead_w!r})")
+    if args.safe_cap_w is None and not (math.isfinite(args.safe_cap_frac) and 0 < args.safe_cap_frac <= 1):
+        raise InputError("--safe-cap-frac", "safe_cap_frac", f"a fraction in (0, 1] (got {args.safe_cap_frac!r})")
+    try:
+        allow = AllowList.parse(args.allow, loopback=not args.no_loopback)
+    except ValueError as exc:
+        raise InputError("--allow", "allow", str(exc)) from None
+    if not allow.networks:
+        raise InputError("--no-loopback", "allow", "at least one --allow address too (else no client may connect)")
+    if args.sim_gpus is not None and (args.sim_gpus < 1 or args.gpu_index):
+        raise InputError("--sim-gpus", "sim_gpus", "at least 1 GPU, and no --gpu-index (that is for NVML)")
+    if args.gpu_index and (min(args.gpu_index) < 0 or len(set(args.gpu_index)) != len(args.gpu_index)):
+        raise InputError("--gpu-index", "gpu_index", f"distinct GPU indices >= 0 (got {args.gpu_index})")
     gpus: GpuBackend = SimulatedGpus(args.sim_gpus) if args.sim_gpus else NvmlGpus(args.gpu_index)
     lo, hi = gpus.constraints_w()
     safe = args.safe_cap_w if args.safe_cap_w is not None else args.safe_cap_frac * float(hi.max())
@@ -368,31 +423,46 @@ def _cmd_agent(args: argparse.Namespace) -> int:
             "safe_cap_w",
             f"within every GPU's settable range {lo.max():g}-{hi.min():g} W (got {safe:g})",
         )
-    agent = CapAgent(
-        gpus,
-        safe_cap_w=safe,
-        period_s=args.period_s,
-        lease_periods=args.lease_periods,
-        first_rack=args.first_rack,
-        unit=args.unit,
-        overhead_w=args.overhead_w,
-    )
+    try:
+        agent = CapAgent(
+            gpus,
+            safe_cap_w=safe,
+            period_s=args.period_s,
+            lease_s=lease_s,
+            first_rack=args.first_rack,
+            unit=args.unit,
+            overhead_w=args.overhead_w,
+            allow=allow,
+        )
+    except BaseException:
+        gpus.close()
+        raise
+    log = logging.getLogger("dimmer.agent")
+    if not _is_loopback(args.host) and not args.allow:
+        log.warning("listening on %s, but only loopback clients may connect: add --allow CONTROLLER_ADDRESS", args.host)
+
+    def on_sighup() -> None:  # not a stop: a hung-up terminal must not take the caps away (docs/daemon.md)
+        log.info("SIGHUP: ignored (nothing to reload); SIGTERM or SIGINT stops the agent and restores the defaults")
 
     async def main() -> None:
+        loop = asyncio.get_running_loop()  # the handlers first: from the first client on, a signal stops cleanly
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, agent.request_stop)
+        loop.add_signal_handler(signal.SIGHUP, on_sighup)
         try:
             port = await agent.start(args.host, args.port)
         except OSError as exc:
-            agent.restore()
-            gpus.close()
+            gpus.close()  # nothing was set yet: nothing to restore
             raise DimmerError(f"cannot listen on {args.host}:{args.port}: {exc}") from None
         sys.stdout.write(f"listening on {args.host}:{port}\n")
         sys.stdout.flush()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, agent.request_stop)
         await agent.run()
 
     asyncio.run(main())
+    if agent.restore_failed:
+        raise DimmerError(
+            "restoring the default GPU limits failed (see the log): check them with nvidia-smi -q -d POWER"
+        )
     return 0
 
 

@@ -77,10 +77,10 @@ def test_caps_reach_the_gpus_clamped_and_power_reads_back() -> None:
     asyncio.run(go())
 
 
-def test_lease_falls_back_to_safe_cap_and_original_limits_restored() -> None:
+def test_lease_falls_back_to_safe_cap_and_default_limits_restored() -> None:
     async def go() -> None:
-        gpus = SimulatedGpus(2, min_w=200.0, max_w=1400.0)
-        gpus.limits_w[:] = 1300.0  # what the host had before the agent
+        # the boards' default is 1250 W; the host was left at 1300 W (an earlier run that died, an admin)
+        gpus = SimulatedGpus(2, min_w=200.0, max_w=1400.0, default_w=1250.0, start_w=1300.0)
         clock = Clock()
         agent, dev, bus = await started(gpus, clock, period_s=1.0, lease_periods=10)
         try:
@@ -105,7 +105,8 @@ def test_lease_falls_back_to_safe_cap_and_original_limits_restored() -> None:
         finally:
             await bus.close()
             await agent.stop()
-        assert np.allclose(gpus.limits_w, 1300.0) and gpus.closed  # the host's own limits are back
+        assert np.allclose(gpus.limits_w, 1250.0) and gpus.closed  # the default limits are back, not the 1300 W
+        assert not agent.restore_failed
 
     asyncio.run(go())
 
@@ -205,37 +206,113 @@ def test_daemon_drives_agent_over_tcp(tmp_path: Path) -> None:
         await runner
         agent.request_stop()
         await ticker
-        assert np.allclose(gpus.limits_w, 1400.0)  # the agent restored the original limits
+        assert np.allclose(gpus.limits_w, 1400.0)  # the agent restored the default limits
 
     asyncio.run(go())
 
 
-def test_agent_command_line_serves_and_stops_on_sigterm() -> None:
+async def _line_with(stream: asyncio.StreamReader, text: str, timeout_s: float = 20.0) -> str:
+    """Read lines until one contains `text` (all lines read so far, joined)."""
+    seen = ""
+    while text not in seen:
+        line = (await asyncio.wait_for(stream.readline(), timeout_s)).decode()
+        if not line:
+            raise AssertionError(f"{text!r} never came; got:\n{seen}")
+        seen += line
+    return seen
+
+
+def test_agent_command_line_serves_ignores_sighup_and_stops_on_sigterm() -> None:
     async def go() -> None:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "dimmer.cli", "agent", "--sim-gpus", "2", "--port", "0", "--period-s", "0.1",
+            "--allow", "192.0.2.10",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
         )  # fmt: skip
         assert proc.stdout is not None and proc.stderr is not None
-        line = (await asyncio.wait_for(proc.stdout.readline(), 20.0)).decode()
-        assert line.startswith("listening on 127.0.0.1:"), line
-        port = int(line.rsplit(":", 1)[1])
-        bus = ModbusTcpBus("127.0.0.1", port, timeout_s=1.0)
-        r = await RackDevice(bus, 1, 0, 1).read()
-        await bus.close()
-        assert r.ok and at0(r.values["power_w"]) == pytest.approx(2 * 1400.0)
-        proc.send_signal(signal.SIGTERM)
-        rc = await asyncio.wait_for(proc.wait(), 20.0)
-        err = (await proc.stderr.read()).decode()
+        try:
+            line = (await asyncio.wait_for(proc.stdout.readline(), 20.0)).decode()
+            assert line.startswith("listening on 127.0.0.1:"), line
+            port = int(line.rsplit(":", 1)[1])
+            err = await _line_with(proc.stderr, "clients allowed: 127.0.0.0/8, ::1/128, 192.0.2.10/32")
+            proc.send_signal(signal.SIGHUP)  # a reload signal (or a hung-up terminal): not a stop
+            err += await _line_with(proc.stderr, "SIGHUP: ignored")
+            bus = ModbusTcpBus("127.0.0.1", port, timeout_s=1.0)
+            dev = RackDevice(bus, 1, 0, 1)
+            r = await dev.read()
+            assert r.ok and at0(r.values["power_w"]) == pytest.approx(2 * 1400.0)  # still serving after SIGHUP
+            await dev.write(900.0, 0.0, np.inf, 0.0, lease_s=5.0)
+            await bus.close()
+            proc.send_signal(signal.SIGTERM)
+            rc = await asyncio.wait_for(proc.wait(), 20.0)
+            err += (await proc.stderr.read()).decode()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
         assert rc == 0, err
-        assert "original GPU limits restored" in err
+        assert "default GPU limits restored (1400 W)" in err
+        assert "write 1 from 127.0.0.1:" in err and "cap 900 W/GPU" in err
+        assert "writes by client: 127.0.0.1 1 (0 refused)" in err
 
     asyncio.run(go())
 
 
-def test_agent_command_line_bad_input() -> None:
+BAD_AGENT_ARGS = [
+    (["--unit", "0"], "--unit: "),
+    (["--safe-cap-w", "100"], "--safe-cap-w: "),
+    (["--safe-cap-frac", "nan"], "--safe-cap-frac: "),
+    (["--period-s", "nan"], "--period-s: "),
+    (["--period-s", "inf"], "--period-s: "),
+    (["--period-s", "0"], "--period-s: "),
+    (["--period-s", "-1"], "--period-s: "),
+    (["--lease-s", "nan"], "--lease-s: "),
+    (["--lease-s", "inf"], "--lease-s: "),
+    (["--lease-s", "0"], "--lease-s: "),
+    (["--lease-s", "-5"], "--lease-s: "),
+    (["--lease-s", "0.5"], "--lease-s: "),  # shorter than the 1 s period
+    (["--lease-s", "90000"], "--lease-s: "),  # past the map's 86400 s
+    (["--lease-periods", "0"], "--lease-periods: "),
+    (["--lease-periods", "-2"], "--lease-periods: "),
+    (["--period-s", "10000", "--lease-periods", "10"], "--lease-periods: "),  # 100000 s
+    (["--overhead-w", "nan"], "--overhead-w: "),
+    (["--overhead-w", "-1"], "--overhead-w: "),
+    (["--first-rack", "-1"], "--first-rack: "),
+    (["--allow", "controller.example"], "--allow: "),
+    (["--allow", "10.20.0.5/24"], "--allow: "),
+    (["--no-loopback"], "--no-loopback: "),
+    (["--gpu-index", "0"], "--sim-gpus: "),
+]
+
+
+@pytest.mark.parametrize(("extra", "prefix"), BAD_AGENT_ARGS)
+def test_agent_command_line_bad_input(extra: list[str], prefix: str, capsys: pytest.CaptureFixture[str]) -> None:
     from dimmer.cli import main
 
-    assert main(["agent", "--sim-gpus", "2", "--unit", "0"]) == 2
-    assert main(["agent", "--sim-gpus", "2", "--safe-cap-w", "100"]) == 2
+    assert main(["agent", "--sim-gpus", "2", "--port", "0", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dimmer: " + prefix) and err.count("\n") == 1, err
+
+
+def test_agent_command_line_port_in_use_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    from dimmer.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["agent", "--sim-gpus", "2", "--port", str(port)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"dimmer: cannot listen on 127.0.0.1:{port}: ") and "in use" in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_agent_command_line_lease_options_are_exclusive(capsys: pytest.CaptureFixture[str]) -> None:
+    from dimmer.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["agent", "--sim-gpus", "2", "--lease-s", "5", "--lease-periods", "5"])
+    assert info.value.code == 2 and "not allowed with argument" in capsys.readouterr().err

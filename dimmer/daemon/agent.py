@@ -1,18 +1,22 @@
 """`dimmer agent`: the GPU power caps of one host, served to the controller as a `dimmer-rack-v1` cap device.
 
-The agent runs on a GPU server. It reads each GPU's power and enforced limit through a `GpuBackend` (NVML on real
-hardware, `SimulatedGpus` in tests), publishes them in the `dimmer-rack-v1` register map (one "rack": this host),
-and applies the per-GPU cap the controller writes, clamped to each GPU's settable range. It holds its own lease:
-if the controller stops writing for `lease_s` (default: `lease_periods` periods, or the lease the controller wrote
-if that is shorter) it lowers every GPU to the safe cap on its own. It saves the limits it found at start and
-restores them at exit.
+The agent runs on a GPU server. It reads each GPU's power and *enforced* limit (the lowest of every limit in force,
+what the GPU actually holds) through a `GpuBackend` (NVML on real hardware, `SimulatedGpus` in tests), publishes
+them in the `dimmer-rack-v1` register map (one "rack": this host), and applies the per-GPU cap the controller
+writes, clamped to each GPU's settable range. It holds its own lease: if the controller stops writing for `lease_s`
+(default: `lease_periods` periods, or the lease the controller wrote if that is shorter) it lowers every GPU to
+the safe cap on its own. At exit it puts every GPU back to its *default* limit (NVML's default power limit, not
+whatever limit it found at start: a limit left by an earlier run that died is not made permanent).
 
-Power floors (GPU power smoothing) and BBU fields are accepted and ignored: NVML's power-smoothing profiles are not
-driven here; the status reports a floor of 0 and no BBU (NaN).
+What it accepts (`RegisterServer`, `dimmer.daemon.agent_server`): connections from its allow-list only (default
+loopback); writes to the header's `lease_s` / `heartbeat` and to the command record of its one rack only
+(anything else, a rack index >= 1 included: exception 2); values within the map's declared ranges only (a NaN,
+infinite, negative or too large cap, floor or recharge, a NaN BBU threshold, a `lease_s` that is not a positive
+number of seconds up to 86400: exception 3). A write the GPUs refuse is exception 4. A refused write changes
+nothing: neither the registers, nor the GPUs, nor the lease. Every write is logged and counted by client address.
 
-`RegisterServer` (a register image served by pymodbus's TCP server, every write recorded and vetted against the
-writable ranges) is what the agent is built on; tests use it as a stand-in device that records writes. A request
-to a unit it does not serve gets Modbus exception 0x0B (`unknown_unit_device`), without a traceback in the log.
+Power floors (GPU power smoothing) and BBU fields are vetted, stored and otherwise ignored: NVML's power-smoothing
+profiles are not driven here; the status reports a floor of 0 and no BBU (NaN).
 """
 
 from __future__ import annotations
@@ -22,18 +26,28 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from dimmer.daemon.agent_server import (
+    WRITES_KEPT,
+    AllowList,
+    RegisterServer,
+    WriteRecord,
+    WriteRefused,
+    unknown_unit_device,
+)
 from dimmer.daemon.nvml import GpuBackend, GpuError
 from dimmer.daemon.registers import (
     LEASE_EXPIRED,
     LEASE_HELD,
     LEASE_NONE,
+    RACK_CMD_BASE,
+    RACK_CMD_STRIDE,
     RACK_COMMAND,
     RACK_HEADER,
     RACK_MAGIC,
@@ -43,149 +57,36 @@ from dimmer.daemon.registers import (
     RACK_STATUS_STRIDE,
     RACK_VERSION,
     decode_block,
-    decode_records,
+    decode_float32,
     encode_block,
     encode_records,
     rack_cmd_address,
     rack_status_address,
     rack_writable_spans,
 )
-from dimmer.errors import DimmerError
+
+__all__ = [
+    "RACK_IMAGE_SIZE",
+    "WRITES_KEPT",
+    "AllowList",
+    "CapAgent",
+    "RegisterServer",
+    "WriteRecord",
+    "rack_image",
+    "rack_writable",
+    "rack_write_error",
+    "unknown_unit_device",
+]
 
 log = logging.getLogger("dimmer.agent")
 
 FloatArray = npt.NDArray[np.float64]
 
 RACK_IMAGE_SIZE = RACK_STATUS_BASE + RACK_STATUS_STRIDE * RACK_MAX  # every register of the map
-
-
-@dataclass(frozen=True)
-class WriteRecord:
-    t_mono_s: float
-    unit: int
-    address: int
-    values: tuple[int, ...]
-
-
-class RegisterServer:
-    """A holding-register image per unit, served over Modbus TCP (pymodbus), with every write recorded.
-
-    `writable[unit]` lists the [start, stop) ranges a client may write; a write outside them is refused with
-    ILLEGAL_ADDRESS, a read past the image with ILLEGAL_ADDRESS too. `on_write(unit, address, values)` runs after
-    an accepted write (it may raise DimmerError: the client then gets DEVICE_FAILURE).
-    """
-
-    def __init__(
-        self,
-        images: dict[int, npt.NDArray[np.uint16]],
-        writable: dict[int, Sequence[tuple[int, int]]] | None = None,
-        on_write: Callable[[int, int, list[int]], None] | None = None,
-    ) -> None:
-        self.images = images
-        self.writable: dict[int, npt.NDArray[np.bool_]] = {}
-        for unit, image in images.items():
-            mask = np.zeros(image.shape[0], dtype=bool)
-            for lo, hi in (writable or {}).get(unit, ()):
-                mask[lo:hi] = True
-            self.writable[unit] = mask
-        self.on_write = on_write
-        self.writes: list[WriteRecord] = []
-        self.reads = 0
-        self._server: Any = None
-        self.port: int | None = None
-
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        from pymodbus.server import ModbusTcpServer
-        from pymodbus.simulator import DataType, SimData, SimDevice
-
-        devices = [] if 0 in self.images else [unknown_unit_device()]
-        for unit, image in self.images.items():
-            data = SimData(0, count=int(image.shape[0]), values=0, datatype=DataType.REGISTERS)
-            devices.append(SimDevice(id=unit, simdata=[data], action=self._action_for(unit)))
-        self._server = ModbusTcpServer(devices, address=(host, port))
-        await self._server.serve_forever(background=True)
-        self.port = int(self._server.transport.sockets[0].getsockname()[1])
-        return self.port
-
-    @property
-    def bound_address(self) -> tuple[str, int] | None:
-        """(host, port) the listening socket is bound to, as the OS reports it; None when not serving."""
-        if self._server is None or self._server.transport is None:
-            return None
-        host, port = self._server.transport.sockets[0].getsockname()[:2]
-        return str(host), int(port)
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            await self._server.shutdown()
-            self._server = None
-
-    def _action_for(self, unit: int) -> Any:
-        async def action(
-            fc: int, start: int, address: int, count: int, regs: list[int], set_values: list[int] | list[bool] | None
-        ) -> Any:
-            return self._handle(unit, fc, start, address, count, regs, set_values)
-
-        return action
-
-    def _handle(
-        self,
-        unit: int,
-        fc: int,
-        start: int,
-        address: int,
-        count: int,
-        regs: list[int],
-        set_values: list[int] | list[bool] | None,
-    ) -> Any:
-        from pymodbus.constants import ExcCodes
-
-        image = self.images[unit]
-        if address < 0 or address + count > image.shape[0]:
-            return ExcCodes.ILLEGAL_ADDRESS
-        if set_values is None:  # a read: serve our image
-            self.reads += 1
-            a = address - start
-            regs[a : a + count] = image[address : address + count].tolist()
-            return None
-        if fc not in (6, 16):
-            return ExcCodes.ILLEGAL_FUNCTION
-        values = [int(v) for v in set_values]
-        if not self.writable[unit][address : address + len(values)].all():
-            return ExcCodes.ILLEGAL_ADDRESS
-        image[address : address + len(values)] = values
-        self.writes.append(WriteRecord(time.monotonic(), unit, address, tuple(values)))
-        if self.on_write is not None:
-            try:
-                self.on_write(unit, address, values)
-            except DimmerError as exc:
-                log.warning("write to unit %d at %d failed: %s", unit, address, exc)
-                return ExcCodes.DEVICE_FAILURE
-        return None
-
-
-def unknown_unit_device() -> Any:
-    """A pymodbus SimDevice answering every request to a unit the server does not have with exception 0x0B.
-
-    pymodbus 3.16.1 routes a request for an unknown unit to the device with id 0 ("all devices, except those
-    specifically defined"); without one, its lookup raises KeyError, which it logs as an ERROR with a traceback
-    before answering 0x04 (server device failure). One endpoint serving several unit ids is a gateway in the
-    Modbus sense, and the Modbus TCP implementation guide has a gateway answer 0x0B (gateway target device failed
-    to respond) when no device answers for that unit; it is also what pymodbus answers for a unit id it knows is
-    missing. 0x04 would say an existing device failed, 0x0A (gateway path unavailable) a misconfigured or
-    overloaded gateway: both wrong for a unit id that does not exist. The block covers the whole register space so
-    that no address check runs before the answer; only a span past 65535 is 0x02.
-    """
-    from pymodbus.constants import ExcCodes
-    from pymodbus.simulator import DataType, SimData, SimDevice
-
-    async def no_such_unit(
-        fc: int, start: int, address: int, count: int, regs: list[int], set_values: list[int] | list[bool] | None
-    ) -> Any:
-        return ExcCodes.GATEWAY_NO_RESPONSE
-
-    data = SimData(0, count=0x10000, values=0, datatype=DataType.REGISTERS)
-    return SimDevice(id=0, simdata=[data], action=no_such_unit)
+LEASE_FIELD = RACK_HEADER.field("lease_s")
+LEASE_MAX_S = LEASE_FIELD.hi  # 86400: the map's declared range of lease_s
+CAP_FIELD = next(f for f in RACK_COMMAND if f.name == "cap_w")
+ILLEGAL_VALUE = 3
 
 
 def rack_image(first_rack: int, n_racks: int, safe_cap_w: float, lease_s: float) -> npt.NDArray[np.uint16]:
@@ -203,19 +104,59 @@ def rack_image(first_rack: int, n_racks: int, safe_cap_w: float, lease_s: float)
         "heartbeat": 0,
     }
     img[: RACK_HEADER.length] = encode_block(RACK_HEADER, header)
-    cmd_stride = rack_cmd_address(1) - rack_cmd_address(0)
-    img[rack_cmd_address(0) : rack_cmd_address(RACK_MAX)] = encode_records(RACK_COMMAND, {}, RACK_MAX, cmd_stride)
+    img[rack_cmd_address(0) : rack_cmd_address(RACK_MAX)] = encode_records(RACK_COMMAND, {}, RACK_MAX, RACK_CMD_STRIDE)
     img[RACK_STATUS_BASE:] = encode_records(RACK_STATUS, {}, RACK_MAX, RACK_STATUS_STRIDE)
     return img
 
 
-def rack_writable() -> list[tuple[int, int]]:
-    """Where a controller may write: the header's lease_s and heartbeat, and every command record."""
-    return rack_writable_spans(RACK_MAX)
+def rack_writable(n_racks: int = RACK_MAX) -> list[tuple[int, int]]:
+    """Where a controller may write: the header's lease_s and heartbeat, and the command records of racks 0..n-1."""
+    return rack_writable_spans(n_racks)
+
+
+def _touched(at: npt.NDArray[np.int64], size: int, address: int, count: int) -> npt.NDArray[np.bool_]:
+    """Which of the fields of `size` registers at `at` a write of `count` registers at `address` overlaps."""
+    out: npt.NDArray[np.bool_] = (at < address + count) & (address < at + size)
+    return out
+
+
+def _hits(at: int, size: int, address: int, count: int) -> bool:
+    return at < address + count and address < at + size
+
+
+def rack_write_error(cand: npt.NDArray[np.uint16], address: int, count: int, n_racks: int) -> str | None:
+    """Why a write of `count` registers at `address` that leaves the image `cand` may not be stored, or None.
+
+    Only the values the write touches are vetted (a field never written stays NaN without harm): each command
+    field of racks 0..n-1 within its declared range, not NaN, infinite only where the range is unbounded (the BBU
+    threshold's +inf: backup only); `lease_s` a positive number of seconds up to 86400.
+    """
+    f = LEASE_FIELD
+    if _hits(f.offset, f.n, address, count):
+        lease = float(decode_float32(cand[f.offset : f.offset + f.n])[0])
+        if not (math.isfinite(lease) and 0.0 < lease <= LEASE_MAX_S):
+            return f"lease_s {lease!r}: a positive number of seconds up to {LEASE_MAX_S:g}"
+    starts = rack_cmd_address(0) + RACK_CMD_STRIDE * np.arange(n_racks)
+    records = cand[RACK_CMD_BASE : rack_cmd_address(n_racks)].reshape(n_racks, RACK_CMD_STRIDE)
+    for f in RACK_COMMAND:
+        touched = _touched(starts + f.offset, f.n, address, count)
+        if not touched.any():
+            continue
+        v = decode_float32(records[:, f.offset : f.offset + f.n].reshape(-1))
+        with np.errstate(invalid="ignore"):
+            bad = touched & (np.isnan(v) | (v < f.lo) | (v > f.hi))
+        if bad.any():
+            i = int(np.argmax(bad))
+            return f"rack {i}: {f.name} {float(v[i])!r} outside its declared range {f.lo:g}..{f.hi:g}"
+    return None
 
 
 class CapAgent:
-    """The GPUs of one host as a one-rack `dimmer-rack-v1` device, with a lease and a safe cap."""
+    """The GPUs of one host as a one-rack `dimmer-rack-v1` device, with a lease and a safe cap.
+
+    `lease_s` (the agent's own lease) defaults to `lease_periods` x `period_s`; it must be at least one period and
+    at most 86400 s (ValueError). `allow`: who may connect (default: loopback only).
+    """
 
     def __init__(
         self,
@@ -224,29 +165,54 @@ class CapAgent:
         safe_cap_w: float,
         period_s: float = 1.0,
         lease_periods: int = 10,
+        lease_s: float | None = None,
         first_rack: int = 0,
         unit: int = 1,
         overhead_w: float = 0.0,
+        allow: AllowList | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if not (math.isfinite(period_s) and period_s > 0):
+            raise ValueError(f"period_s must be a positive number of seconds (got {period_s!r})")
+        own = lease_periods * period_s if lease_s is None else float(lease_s)
+        if not (math.isfinite(own) and period_s <= own <= LEASE_MAX_S):
+            raise ValueError(f"the lease must be one period to {LEASE_MAX_S:g} s (got {own!r} s)")
         self.gpus = gpus
         self.period_s = period_s
-        self.own_lease_s = lease_periods * period_s
+        self.own_lease_s = own
         self.unit = unit
         self.overhead_w = overhead_w
         self.clock = clock
         self.min_w, self.max_w = gpus.constraints_w()
         self.safe_w = np.clip(np.full(gpus.n_gpus, safe_cap_w), self.min_w, self.max_w)
-        self.original_w = gpus.limit_w()  # restored at exit
+        self.default_w = np.clip(gpus.default_limit_w(), self.min_w, self.max_w)  # restored at exit
+        self.start_w = gpus.limit_w()  # what it found (logged; not restored)
         self.image = rack_image(first_rack, 1, float(np.mean(self.safe_w)), self.own_lease_s)
-        self.server = RegisterServer({unit: self.image}, {unit: rack_writable()}, self._on_write)
+        self.server = RegisterServer({unit: self.image}, {unit: rack_writable(1)}, self._on_write, allow=allow)
         self.lease_state = LEASE_NONE
         self.last_write_s: float | None = None
         self.commanded_w: FloatArray | None = None  # the limits last applied
         self.update_count = 0
         self.lease_expiries = 0
+        self.restore_failed = False
         self._stop = asyncio.Event()
         self._restored = False
+
+    # -- who wrote what (the server's counters) ------------------------------------------------------------------
+
+    @property
+    def writes_by_client(self) -> Counter[str]:
+        """Writes (accepted or refused) by client address."""
+        return self.server.writes_by_client
+
+    @property
+    def refused_by_client(self) -> Counter[str]:
+        return self.server.refused_by_client
+
+    @property
+    def connections_refused(self) -> Counter[str]:
+        """Connections closed unread, by client address (not in the allow-list)."""
+        return self.server.connections_refused
 
     # -- the controller's writes ---------------------------------------------------------------------------------
 
@@ -257,18 +223,26 @@ class CapAgent:
             return min(self.own_lease_s, written)
         return self.own_lease_s
 
-    def _on_write(self, unit: int, address: int, values: list[int]) -> None:
+    def _on_write(self, unit: int, address: int, values: list[int], cand: npt.NDArray[np.uint16]) -> str:
+        """Vet a write (WriteRefused: exception 3), apply its cap (GpuError: exception 4), renew the lease."""
+        why = rack_write_error(cand, address, len(values), 1)
+        if why is not None:
+            raise WriteRefused(ILLEGAL_VALUE, why)
+        notes = []
+        lease_at, n = LEASE_FIELD.offset, len(values)
+        if _hits(lease_at, LEASE_FIELD.n, address, n):
+            notes.append(f"lease {float(decode_float32(cand[lease_at : lease_at + 2])[0]):g} s")
+        at = rack_cmd_address(0) + CAP_FIELD.offset  # the cap of rack 0
+        if _hits(at, CAP_FIELD.n, address, n):
+            cap = float(decode_float32(cand[at : at + 2])[0])  # vetted: a number in 0..1e5
+            limit = np.clip(np.full(self.gpus.n_gpus, cap), self.min_w, self.max_w)
+            self.apply(limit)
+            notes.append(f"cap {cap:g} W/GPU: GPUs at {_fmt_list(limit)} W")
+            self._set_lease(LEASE_HELD)
+        elif self.commanded_w is not None and self.lease_state != LEASE_HELD:
+            self._set_lease(LEASE_HELD)
         self.last_write_s = self.clock()
-        if address + len(values) <= rack_cmd_address(0):
-            if self.lease_state != LEASE_HELD and self.commanded_w is not None:
-                self._set_lease(LEASE_HELD)
-            return  # a heartbeat or lease write: the lease is renewed, the caps stay
-        cmd = decode_records(RACK_COMMAND, self.image[rack_cmd_address(0) : rack_cmd_address(1)], 1, 8)
-        cap = float(cmd["cap_w"][0])
-        if not math.isfinite(cap):
-            return  # no cap written (NaN): nothing to apply
-        self.apply(np.clip(np.full(self.gpus.n_gpus, cap), self.min_w, self.max_w))
-        self._set_lease(LEASE_HELD)
+        return "; ".join(notes) or "lease renewed"
 
     def apply(self, limit_w: FloatArray) -> None:
         if self.commanded_w is not None and np.array_equal(limit_w, self.commanded_w):
@@ -282,8 +256,7 @@ class CapAgent:
 
     def _set_lease(self, state: int) -> None:
         self.lease_state = state
-        off = RACK_HEADER.field("lease_state").offset
-        self.image[off] = state
+        self.image[RACK_HEADER.field("lease_state").offset] = state
 
     # -- every period --------------------------------------------------------------------------------------------
 
@@ -291,12 +264,12 @@ class CapAgent:
         """Check the lease, refresh the status record."""
         now = self.clock()
         lapsed = self.last_write_s is not None and now - self.last_write_s > self.lease_s()
-        if self.lease_state == LEASE_HELD and lapsed:
+        if self.lease_state == LEASE_HELD and lapsed and self.last_write_s is not None:
             held = self.commanded_w if self.commanded_w is not None else self.max_w
             safe = np.minimum(held, self.safe_w)
             log.warning(
                 "no write from the controller for %.1f s (lease %.1f s): GPUs to the safe cap %.0f W",
-                now - (self.last_write_s or now),
+                now - self.last_write_s,
                 self.lease_s(),
                 float(np.max(safe)),
             )
@@ -307,6 +280,7 @@ class CapAgent:
         self.refresh()
 
     def refresh(self) -> None:
+        """Publish power and the *enforced* limit (what the GPUs hold, whoever set it) in the status record."""
         try:
             power = self.gpus.power_w()
             enforced = self.gpus.enforced_limit_w()
@@ -340,20 +314,23 @@ class CapAgent:
         self.refresh()
         port = await self.server.start(host, port)
         log.info(
-            "agent: %d GPUs (limits %s W, settable %.0f-%.0f W) as dimmer-rack-v1 unit %d on %s:%d, lease %.1f s",
+            "agent: %d GPUs (limits %s W, default %s W, settable %.0f-%.0f W) as dimmer-rack-v1 unit %d on %s:%d, "
+            "lease %.1f s; clients allowed: %s",
             self.gpus.n_gpus,
-            _fmt_list(self.original_w),
+            _fmt_list(self.start_w),
+            _fmt_list(self.default_w),
             float(np.min(self.min_w)),
             float(np.max(self.max_w)),
             self.unit,
             host,
             port,
             self.own_lease_s,
+            self.server.allow,
         )
         return port
 
     async def run(self) -> None:
-        """Tick every period until `request_stop()`; then restore the original limits."""
+        """Tick every period until `request_stop()`; then restore the default limits."""
         try:
             while not self._stop.is_set():
                 self.tick()
@@ -369,17 +346,19 @@ class CapAgent:
         await self.server.stop()
         self.restore()
         self.gpus.close()
+        log.info("agent: stopped; %s", self.server.client_summary())
 
     def restore(self) -> None:
-        """Put back the limits found at start (once)."""
+        """Put every GPU back to its default limit (once); `restore_failed` says if that failed."""
         if self._restored:
             return
         self._restored = True
         try:
-            self.gpus.set_limit_w(np.clip(self.original_w, self.min_w, self.max_w))
-            log.info("agent: original GPU limits restored (%s W)", _fmt_list(self.original_w))
+            self.gpus.set_limit_w(self.default_w)
+            log.info("agent: default GPU limits restored (%s W)", _fmt_list(self.default_w))
         except GpuError as exc:
-            log.error("agent: restoring the original GPU limits failed: %s", exc)
+            self.restore_failed = True
+            log.error("agent: restoring the default GPU limits failed: %s", exc)
 
 
 def _fmt_list(x: FloatArray) -> str:
