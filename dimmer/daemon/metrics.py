@@ -1,37 +1,66 @@
-"""Observability: the Prometheus endpoint, the JSON-lines audit log and plain logging.
+"""Observability: the Prometheus endpoint and plain logging (the audit log: `dimmer.daemon.audit`).
 
 Every metric is named `dimmer_*` in base units (watts, seconds, ratios). Per-domain series carry a `domain` label
 (the tree name, e.g. `b0/h1/r3`); rack-level domains are exported only when `[daemon] metrics_rack_domains` is set,
 so a 4,000-rack site does not publish 12,000 series by default. Each daemon has its own registry, so several can
-live in one process (the tests do).
+live in one process (the tests do). The endpoint serves no `*_created` series (a counter's creation time is one more
+series per counter and says nothing an operator watches).
 
-The audit log has one JSON object per line and per cycle: the time, the mode, every reason the controller gave, and
-every write (device, what, ok or the error). Arrays of caps are run-length encoded: one cap per job compresses to a
-few pairs.
+What an operator watches beyond the loads: each device's state (`dimmer_device_state`: ok / stale / failed /
+never-read) and the age of its last good reading, each rack device's lease state, whether the campus battery says
+it is on line, the daemon's mode, and what it is built from (`dimmer_build_info`). Device ages are computed when
+scraped, from the daemon's clock: a daemon stuck in a cycle shows its readings ageing.
 """
 
 from __future__ import annotations
 
-import json
+import ipaddress
 import logging
 import math
+import platform
 import re
 import time
-from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import Any, TextIO
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, Info, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
 
-from dimmer.observation import Reason
+import dimmer
+from dimmer.daemon.audit import AuditLog, json_safe, reasons_json, rle, write_reasons
+from dimmer.observation import Actions, Observation, Reason
 from dimmer.site import SiteModel
+
+__all__ = [
+    "BESS_STATES",
+    "CYCLE_BUCKETS_S",
+    "DEVICE_STATES",
+    "MODE_STATES",
+    "AuditLog",
+    "DaemonMetrics",
+    "DeviceStatus",
+    "RecentDurations",
+    "build_info",
+    "device_state",
+    "is_loopback",
+    "json_safe",
+    "reason_label",
+    "reasons_json",
+    "rle",
+    "setup_logging",
+    "write_reasons",
+]
 
 log = logging.getLogger("dimmer.metrics")
 
 MODE_STATES = ["starting", "running", "failsafe", "stopping"]
+DEVICE_STATES = ("ok", "stale", "failed", "never-read")
+BESS_STATES = ("online", "offline", "unknown")
+LEASE_STATES = {0: "never written", 1: "held", 2: "expired"}  # dimmer-rack-v1 header `lease_state`
 CYCLE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0)
 
 _NUMBER = re.compile(r"[-+]?\d[\d.,]*")
@@ -41,6 +70,28 @@ def reason_label(text: str) -> str:
     """A bounded label from a free-text reason: numbers become N, the 'at <domain>' / 'to <value>' tails go."""
     head = re.split(r" at | to ", text, maxsplit=1)[0]
     return _NUMBER.sub("N", head).strip()[:80]
+
+
+def build_info() -> dict[str, str]:
+    """What this daemon is built from: dimmer's version, Python's, pymodbus's (the labels of dimmer_build_info)."""
+    try:
+        pymodbus = metadata.version("pymodbus")
+    except metadata.PackageNotFoundError:
+        pymodbus = "unknown"
+    return {"version": dimmer.__version__, "python": platform.python_version(), "pymodbus": pymodbus}
+
+
+def is_loopback(host: str) -> bool:
+    """`host` (an address as a socket reports it, or "localhost") is a loopback address."""
+    if host == "localhost":
+        return True
+    try:
+        addr = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped.is_loopback
+    return addr.is_loopback
 
 
 class RecentDurations:
@@ -64,17 +115,31 @@ class RecentDurations:
 
 
 class DaemonMetrics:
-    """The daemon's Prometheus metrics, on a registry of its own."""
+    """The daemon's Prometheus metrics, on a registry of its own (`registry`: what the endpoint serves).
 
-    def __init__(self, site: SiteModel, device_names: Sequence[str], rack_domains: bool = False) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
+    `clock` (monotonic seconds, the clock the devices stamp their readings with) and `speed` (the daemon's clock
+    speed) turn a device's last reading time into its age when scraped."""
+
+    def __init__(
+        self,
+        site: SiteModel,
+        device_names: Sequence[str],
+        rack_domains: bool = False,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        speed: float = 1.0,
+    ) -> None:
+        # the metrics live on `_inner`; the registry served reads them through a filter that drops *_created
+        self._inner = CollectorRegistry()
+        r = self._inner
         self.domains, self.domain_names = _exported_domains(site, rack_domains)
         self.site = site
 
         # per-domain series: arrays updated each cycle, turned into samples only when scraped
         self._domains = _DomainCollector(self.domain_names)
         r.register(self._domains)
+        self._devices = _DeviceCollector(clock, speed)
+        r.register(self._devices)
         self.pcc = Gauge("dimmer_pcc_watts", "Grid import at the interconnect", registry=r)
         self.pcc_limit = Gauge("dimmer_pcc_limit_watts", "Interconnect limit in force", registry=r)
         self.bess_soc = Gauge("dimmer_bess_soc_ratio", "Campus battery state of charge (0-1)", registry=r)
@@ -102,15 +167,20 @@ class DaemonMetrics:
         self.actions = Counter("dimmer_actions", "Actions taken, by layer and reason", ["layer", "reason"], registry=r)
         self.failsafe = Counter("dimmer_failsafe_entries", "Times the daemon entered FAILSAFE mode", registry=r)
         self.mode = Enum("dimmer_mode", "Daemon mode", states=MODE_STATES, registry=r)
+        self.build = Info("dimmer_build", "What the daemon is built from", registry=r)
+        self.build.info(build_info())
         for name in device_names:
             self.device_up.labels(device=name).set(1)
             self.writes_refused.labels(device=name)
             for op in ("read", "write"):
                 self.comm_errors.labels(device=name, op=op)
+        self.registry = CollectorRegistry()
+        self.registry.register(_WithoutCreated(self._inner))  # last: it names every family registered above
         self._server: Any = None
 
     def rebind(self, site: SiteModel, device_names: Sequence[str], rack_domains: bool = False) -> None:
-        """Follow a reloaded config: the domains exported and the devices known (old series stay until restart)."""
+        """Follow a reloaded config: the domains exported and the devices known (old series stay until restart,
+        but for the per-device state and ages, which follow `set_devices`)."""
         self.site = site
         self.domains, self.domain_names = _exported_domains(site, rack_domains)
         self._domains.rebind(self.domain_names)
@@ -118,9 +188,18 @@ class DaemonMetrics:
             self.device_up.labels(device=name).set(1)
 
     def serve(self, address: tuple[str, int]) -> int:
-        """Start the HTTP endpoint on `address`; returns the bound port (0 picks a free one)."""
+        """Start the HTTP endpoint on `address`; returns the bound port (0 picks a free one). A warning when the
+        address is not a loopback one: the endpoint tells the site's loads to whoever can reach it."""
         server, _thread = start_http_server(address[1], addr=address[0], registry=self.registry)
         self._server = server
+        host, port = self.bound_address or address
+        if not is_loopback(host):
+            log.warning(
+                "metrics endpoint on %s:%d, not a loopback address: anyone who can reach it reads the site's loads "
+                "(docs/daemon.md, Trust model: keep it on 127.0.0.1 and scrape from the host)",
+                host,
+                port,
+            )
         return int(server.server_address[1])
 
     @property
@@ -140,6 +219,10 @@ class DaemonMetrics:
     def set_mode(self, mode: str) -> None:
         self.mode.state(mode)
 
+    def set_devices(self, devices: Sequence[DeviceStatus], stale_s: float) -> None:
+        """The state of every configured device, as of now (replacing the last set whole: a scrape sees one)."""
+        self._devices.set(tuple(devices), stale_s)
+
     def observe_domains(
         self, measured_w: np.ndarray, planned_w: np.ndarray | None, enforced_w: np.ndarray, limit_w: np.ndarray
     ) -> None:
@@ -153,6 +236,133 @@ class DaemonMetrics:
     def count_reasons(self, reasons: Sequence[Reason]) -> None:
         for r in reasons:
             self.actions.labels(layer=r.layer, reason=reason_label(r.reason)).inc()
+
+    def publish(self, obs: Observation, act: Actions, cycle_s: float, step_s: float) -> None:
+        """One cycle's worth: its durations, what was observed and what was decided."""
+        site = self.site
+        self.cycles.inc()
+        self.cycle.observe(cycle_s)
+        self.step.observe(step_s)
+        reported = np.where(np.isfinite(obs.rack_cap_w), obs.rack_cap_w, act.rack_cap_w)
+        enforced = site.domain_load_w(site.rack_power_w(reported))
+        self.observe_domains(obs.domain_power_w, act.planned_domain_w, enforced, obs.domain_limit_w)
+        self.pcc.set(obs.pcc_power_w)
+        self.pcc_limit.set(obs.pcc_limit_w)
+        self.bess_soc.set(obs.bess_soc_frac)
+        self.bess_power.set(obs.bess_power_w)
+        self.bess_setpoint.set(act.bess_setpoint_w)
+        self.cap_min.set(float(np.min(act.rack_cap_w)) if site.n_racks else math.nan)
+        self.cap_mean.set(float(np.mean(act.rack_cap_w)) if site.n_racks else math.nan)
+        self.count_reasons(act.reasons)
+
+
+class _WithoutCreated:
+    """Everything `inner` collects but the *_created samples of counters, histograms and summaries (per registry,
+    unlike prometheus_client.disable_created_metrics(), which switches them off for the whole process)."""
+
+    def __init__(self, inner: CollectorRegistry) -> None:
+        self._inner = inner
+
+    def describe(self) -> Iterator[Metric]:
+        """The families served (a scrape of some of them, `?name[]=...`, finds them by name)."""
+        return self.collect()
+
+    def collect(self) -> Iterator[Metric]:
+        for fam in self._inner.collect():
+            created = fam.name + "_created"
+            if any(s.name == created for s in fam.samples):
+                out = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+                out.samples = [s for s in fam.samples if s.name != created]
+                fam = out
+            yield fam
+
+
+# -- devices -----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    """What the endpoint says about one device: times on the daemon's monotonic clock (NaN: never read)."""
+
+    name: str
+    kind: str  # meter, battery, racks, site
+    read_t_s: float  # its last good reading
+    fresh_t_s: float  # when its values last changed (an update counter that does not move ages them)
+    flagged: bool  # failed fail_after reads or writes in a row
+    lease_state: float = math.nan  # racks: 0 never written, 1 held, 2 expired (NaN: unknown)
+    online: float = math.nan  # battery: 1 on line, 0 off line (NaN: it does not say)
+
+
+def device_state(s: DeviceStatus, data_age_s: float, stale_s: float) -> str:
+    """never-read (no good reading yet), failed (flagged), stale (its values older than stale_s), or ok."""
+    if not math.isfinite(s.read_t_s):
+        return "never-read"
+    if s.flagged:
+        return "failed"
+    return "stale" if not data_age_s <= stale_s else "ok"
+
+
+class _DeviceCollector:
+    """dimmer_device_{reading_age_seconds,data_age_seconds,state}{device,kind}, dimmer_rack_lease_state{device},
+    dimmer_bess_online_state{state}: from the last `DeviceStatus` set, the ages as of the scrape."""
+
+    def __init__(self, clock: Callable[[], float], speed: float) -> None:
+        self.clock = clock
+        self.speed = speed
+        self.data: tuple[tuple[DeviceStatus, ...], float] = ((), math.inf)
+
+    def set(self, devices: tuple[DeviceStatus, ...], stale_s: float) -> None:
+        self.data = (devices, stale_s)  # one assignment: a scrape sees the old set or the new one, whole
+
+    def _age(self, now: float, t: float) -> float:
+        return max(now - t, 0.0) * self.speed if math.isfinite(t) else math.inf
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        devices, stale_s = self.data
+        now = self.clock()
+        labels = ["device", "kind"]
+        reading = GaugeMetricFamily(
+            "dimmer_device_reading_age_seconds", "Time since the device's last good reading (+Inf: none)", labels=labels
+        )
+        data = GaugeMetricFamily(
+            "dimmer_device_data_age_seconds",
+            "Age of the device's values as the controller counts it: from when they last changed (+Inf: never read)",
+            labels=labels,
+        )
+        state = GaugeMetricFamily(
+            "dimmer_device_state", "1 for the device's state: ok, stale, failed, never-read", labels=[*labels, "state"]
+        )
+        lease = GaugeMetricFamily(
+            "dimmer_rack_lease_state",
+            "A rack device's lease as it reports it: 0 never written, 1 held, 2 expired (absent: unknown)",
+            labels=["device"],
+        )
+        bess = GaugeMetricFamily(
+            "dimmer_bess_online_state",
+            "1 for what the campus battery says: online, offline, unknown (it does not say, or its reading is stale)",
+            labels=["state"],
+        )
+        have_bess = False
+        for s in devices:
+            data_age = self._age(now, s.fresh_t_s)
+            reading.add_metric([s.name, s.kind], self._age(now, s.read_t_s))
+            data.add_metric([s.name, s.kind], data_age)
+            current = device_state(s, data_age, stale_s)
+            for st in DEVICE_STATES:
+                state.add_metric([s.name, s.kind, st], 1.0 if st == current else 0.0)
+            if s.kind == "racks" and math.isfinite(s.lease_state):
+                lease.add_metric([s.name], s.lease_state)
+            if s.kind == "battery" and not have_bess:  # a config has at most one
+                have_bess = True
+                says = "unknown"
+                if math.isfinite(s.online) and data_age <= stale_s:
+                    says = "online" if s.online > 0.5 else "offline"
+                for st in BESS_STATES:
+                    bess.add_metric([st], 1.0 if st == says else 0.0)
+        yield from (reading, data, state, lease, bess)
+
+
+# -- domains -----------------------------------------------------------------------------------------------------------
 
 
 def _exported_domains(site: SiteModel, rack_domains: bool) -> tuple[np.ndarray, list[str]]:
@@ -190,112 +400,6 @@ class _DomainCollector:
             for domain, v in zip(names, arr.tolist(), strict=True):
                 fam.add_metric([domain], v)
             yield fam
-
-
-def rle(values: np.ndarray, digits: int = 1) -> list[list[float | int | str]]:
-    """Run-length encode `values` rounded to `digits`: [[value, count], ...]; inf and NaN as strings."""
-    if values.size == 0:
-        return []
-    v = np.round(np.asarray(values, dtype=np.float64), digits)
-    change = np.flatnonzero(~((v[1:] == v[:-1]) | (np.isnan(v[1:]) & np.isnan(v[:-1])))) + 1
-    starts = np.concatenate([[0], change])
-    counts = np.diff(np.concatenate([starts, [v.size]]))
-    return [[_json_float(float(v[s])), int(c)] for s, c in zip(starts, counts, strict=True)]
-
-
-def _json_float(x: float) -> float | str:
-    return x if math.isfinite(x) else ("nan" if math.isnan(x) else ("inf" if x > 0 else "-inf"))
-
-
-def json_safe(x: Any) -> Any:
-    """Make `x` JSON-encodable without NaN/inf (strings instead) and without numpy types."""
-    if isinstance(x, dict):
-        return {str(k): json_safe(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [json_safe(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return [json_safe(v) for v in x.tolist()]
-    if isinstance(x, np.generic):
-        return json_safe(x.item())
-    if isinstance(x, float):
-        return _json_float(x)
-    return x
-
-
-class AuditLog:
-    """One JSON object per line; opened for append, line-buffered; `reopen()` after a log rotation (SIGHUP)."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self._f: TextIO | None = None
-        self.reopen()
-
-    def reopen(self) -> None:
-        self.close()
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._f = self.path.open("a", encoding="utf-8", buffering=1)
-
-    def write(self, record: dict[str, Any]) -> None:
-        if self._f is None:
-            return
-        record = {"time_unix_s": round(time.time(), 3), **record}
-        try:
-            self._f.write(json.dumps(json_safe(record), separators=(",", ":"), allow_nan=False) + "\n")
-        except OSError as exc:  # a full disk must not stop the loop
-            log.warning("audit log %s: %s", self.path, exc)
-
-    def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-            self._f = None
-
-
-def reasons_json(reasons: Sequence[Reason]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for r in reasons:
-        d: dict[str, Any] = {"layer": r.layer, "reason": r.reason}
-        if r.domain >= 0:
-            d["domain"] = r.domain
-        if r.job >= 0:
-            d["job"] = r.job
-        if math.isfinite(r.value_w):
-            d["value_w"] = round(r.value_w, 1)
-        out.append(d)
-    return out
-
-
-def write_reasons(
-    site: SiteModel, racks: Sequence[slice | None], reasons: Sequence[Reason], head: str, most: int = 4
-) -> list[str]:
-    """One line per write: why it was made. `racks` holds each write's racks (None: the campus battery); `head`
-    says what decided (the controller, the fail-safe, a stop). A write's reasons are those of `reasons` that concern
-    it: a domain over some of its racks (the battery: the campus), a job on some of its racks (not the battery), or
-    the whole site (no domain, no job). A write no reason concerns carries what the controller's filters decided
-    (caps held or rising, a battery setpoint) and renews the device's lease or reversion timer."""
-    n = len(racks)
-    is_rack = np.array([r is not None for r in racks], dtype=bool)
-    start = np.array([r.start if r is not None else 0 for r in racks], dtype=np.int64)
-    stop = np.array([r.stop if r is not None else 0 for r in racks], dtype=np.int64)
-    concerns = np.ones((len(reasons), n), dtype=bool)
-    for i, r in enumerate(reasons):  # a few reasons a cycle; each a vector over the writes
-        if r.domain >= 0:
-            d = r.domain
-            over = (start < site.domain_rack_stop[d]) & (stop > site.domain_rack_start[d])
-            concerns[i] = np.where(is_rack, over, d == 0)
-        elif r.job >= 0:
-            job_racks = np.flatnonzero(site.rack_job == r.job)
-            concerns[i] = is_rack & (np.searchsorted(job_racks, start) < np.searchsorted(job_racks, stop))
-    out: list[str] = []
-    for k in range(n):
-        mine = [f"{reasons[i].layer}: {reasons[i].reason}" for i in np.flatnonzero(concerns[:, k]).tolist()]
-        if not mine:
-            renewed = "caps and floors as decided, lease renewed" if is_rack[k] else "setpoint as decided"
-            out.append(f"{head}: no cut here this period: {renewed}")
-            continue
-        more = f"; +{len(mine) - most} more" if len(mine) > most else ""
-        out.append(f"{head}: " + "; ".join(mine[:most]) + more)
-    return out
 
 
 def setup_logging(level: str = "INFO") -> None:

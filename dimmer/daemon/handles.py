@@ -1,0 +1,272 @@
+"""The daemon's devices: one `DeviceHandle` per configured device (the device, its last good reading, its
+failures and flags), building them from a config, and the bookkeeping of every read and write's outcome.
+
+A read or write that fails counts against its device; after `fail_after` failures in a row (by operation) the
+device is flagged (one warning, `dimmer_device_up` 0) and unflagged when it answers again. A device that answers
+with old values (an update counter that does not move, a meter whose reading is frozen) is `stuck`: its values age
+from their last change, so it goes stale like one that does not answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from dimmer.daemon.config import LoadedConfig, SafetySpec
+from dimmer.daemon.metrics import DaemonMetrics, DeviceStatus
+
+log = logging.getLogger("dimmer.daemon")
+
+FloatArray = npt.NDArray[np.float64]
+
+
+class ReadingLike(Protocol):
+    values: Mapping[str, Any]
+    t_s: float
+    ok: bool
+    error: str | None
+
+
+@dataclass
+class DeviceHandle:
+    """One configured device with its bookkeeping: the last good reading, consecutive failures, the flag."""
+
+    name: str
+    kind: str
+    device: Any  # SunSpecMeter | SunSpecBattery | RackDevice | SiteDevice
+    read_only: bool
+    domain: int = -1  # meters: the domain metered
+    racks: slice = field(default_factory=lambda: slice(0, 0))  # racks devices: the racks served
+    last: ReadingLike | None = None  # the last good reading
+    fresh_t_s: float = math.nan  # when its values were last known new (update_count moved), monotonic
+    last_count: float = math.nan  # the device's update_count at the last good read (NaN: it has none)
+    stuck: bool = False  # answering, but its update_count (a meter: its value) has not moved for too long
+    value_w: float = math.nan  # meters: the last power read, and when it last changed (monotonic)
+    value_t_s: float = math.nan
+    failures: dict[str, int] = field(default_factory=lambda: {"read": 0, "write": 0})  # in a row, by operation
+    flagged: bool = False
+    offline: bool = False  # a battery answering, but reporting itself off line (as of its last good reading)
+
+
+BusFactory = Callable[[Any], Any]  # DeviceSpec -> RegisterBus
+
+
+def tcp_bus_factory() -> BusFactory:
+    """One ModbusTcpBus per (host, port): every device at an endpoint shares its connection."""
+    from dimmer.daemon.bus import ModbusTcpBus
+
+    buses: dict[tuple[str, int], Any] = {}
+
+    def make(spec: Any) -> Any:
+        key = (spec.host, spec.port)
+        if key not in buses:
+            buses[key] = ModbusTcpBus(
+                spec.host, spec.port, timeout_s=spec.timeout_s, retries=spec.retries, backoff_s=spec.backoff_s
+            )
+        return buses[key]
+
+    return make
+
+
+def build_devices(
+    loaded: LoadedConfig, bus_factory: BusFactory, clock: Callable[[], float] = time.monotonic
+) -> list[DeviceHandle]:
+    from dimmer.daemon.devices import RackDevice, RackLimits, SiteDevice, SunSpecBattery, SunSpecMeter
+
+    site = loaded.site
+    gpu = site.gpu
+    out: list[DeviceHandle] = []
+    for name, spec in zip(loaded.device_names, loaded.config.devices, strict=True):
+        bus = bus_factory(spec)
+        dev: Any
+        handle = DeviceHandle(name=name, kind=spec.kind, device=None, read_only=spec.read_only)
+        if spec.kind == "meter":
+            dev = SunSpecMeter(bus, spec.unit, base=spec.base, name=name, clock=clock)
+            handle.domain = site.domain_index(spec.domain)
+        elif spec.kind == "battery":
+            dev = SunSpecBattery(
+                bus,
+                spec.unit,
+                base=spec.base,
+                name=name,
+                read_only=spec.read_only,
+                max_power_w=site.bess.power_w,
+                clock=clock,
+            )
+        elif spec.kind == "racks":
+            first, n = int(spec.first_rack or 0), int(spec.n_racks or 0)
+            recharge_max_w = site.rack_storage.bbu_power_w[first : first + n].copy()
+            limits = RackLimits(gpu.min_cap_w, gpu.rated_w, recharge_max_w, loaded.config.safety.lease_s)
+            dev = RackDevice(bus, spec.unit, first, n, name=name, read_only=spec.read_only, limits=limits, clock=clock)
+            handle.racks = slice(first, first + n)
+        else:
+            dev = SiteDevice(bus, spec.unit, site.n_domains, site.n_jobs, name=name, clock=clock)
+        handle.read_only = spec.read_only or spec.kind in ("meter", "site")  # meters and the site device: read only
+        handle.device = dev
+        out.append(handle)
+    return out
+
+
+async def close_buses(handles: list[DeviceHandle]) -> None:
+    """Close every bus the devices use, once each (a shared connection once); errors are not raised."""
+    seen: set[int] = set()
+    for h in handles:
+        bus = getattr(h.device, "bus", None)
+        if bus is None or id(bus) in seen:
+            continue
+        seen.add(id(bus))
+        with contextlib.suppress(Exception):
+            await bus.close()
+
+
+# -- reading values ----------------------------------------------------------------------------------------------------
+
+
+def value_array(values: Mapping[str, Any], key: str, n: int) -> FloatArray:
+    """`values[key]` as `(n,)` floats; all NaN when absent or of another length."""
+    v = values.get(key)
+    if v is None:
+        return np.full(n, np.nan)
+    a = np.asarray(v, dtype=np.float64).reshape(-1)
+    return a if a.size == n else np.full(n, np.nan)
+
+
+def value_num(values: Mapping[str, Any], key: str) -> float:
+    """`values[key]` as a float; NaN when absent or not a number."""
+    v = values.get(key)
+    try:
+        return float(v) if v is not None else math.nan
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def has_data(h: DeviceHandle) -> bool:
+    """The device has answered with published values (an update counter still at 0 has published nothing)."""
+    if h.last is None:
+        return False
+    count = value_num(h.last.values, "update_count")
+    return not math.isfinite(count) or count > 0
+
+
+# -- outcomes ----------------------------------------------------------------------------------------------------------
+
+
+def record_failure(h: DeviceHandle, op: str, error: str, fail_after: int, metrics: DaemonMetrics) -> None:
+    h.failures[op] += 1
+    metrics.comm_errors.labels(device=h.name, op=op).inc()
+    if h.failures[op] >= fail_after and not h.flagged:
+        h.flagged = True
+        metrics.device_up.labels(device=h.name).set(0)
+        log.warning("device %s flagged: %d failed %ss in a row (last: %s)", h.name, h.failures[op], op, error)
+    else:
+        log.debug("device %s: %s failed: %s", h.name, op, error)
+
+
+def record_success(h: DeviceHandle, op: str, fail_after: int, metrics: DaemonMetrics) -> None:
+    h.failures[op] = 0
+    if h.flagged and max(h.failures.values()) < fail_after:
+        log.info("device %s answers again", h.name)
+        metrics.device_up.labels(device=h.name).set(1)
+        h.flagged = False
+
+
+async def read_device(
+    h: DeviceHandle, timeout_s: float, speed: float, fail_after: int, metrics: DaemonMetrics
+) -> ReadingLike | None:
+    """Read `h` within `timeout_s` (wall); the reading if good, else None (the failure counted, never raised)."""
+    try:
+        r: ReadingLike = await asyncio.wait_for(h.device.read(), timeout=timeout_s)
+    except TimeoutError:
+        record_failure(h, "read", f"no answer within {timeout_s * speed:g} s", fail_after, metrics)
+        return None
+    except Exception as exc:  # read() should never raise; a bug in a device must not stop the loop
+        record_failure(h, "read", f"{type(exc).__name__}: {exc}", fail_after, metrics)
+        return None
+    if not r.ok:
+        record_failure(h, "read", r.error or "read failed", fail_after, metrics)
+        return None
+    record_success(h, "read", fail_after, metrics)
+    return r
+
+
+# -- freshness ---------------------------------------------------------------------------------------------------------
+
+
+def note_reading(h: DeviceHandle, r: ReadingLike, safety: SafetySpec, speed: float) -> None:
+    """Keep `r` as the device's last good reading. A device with an update counter (dimmer-rack-v1,
+    dimmer-site-v1) whose counter has not moved is answering with old values: they age from the last move."""
+    h.last = r
+    if h.kind == "meter":
+        _note_meter(h, r, safety.frozen_meter_s, speed)
+        return
+    if h.kind == "battery":
+        _note_battery(h, r)
+    count = value_num(r.values, "update_count")
+    if not math.isfinite(count) or count != h.last_count or not math.isfinite(h.fresh_t_s):
+        h.fresh_t_s = r.t_s
+        if h.stuck:
+            log.info("device %s: updating again", h.name)
+        h.stuck = False
+    elif not h.stuck and (r.t_s - h.fresh_t_s) * speed > safety.stale_s:
+        h.stuck = True
+        log.warning("device %s: update_count stuck at %.0f: its readings are stale", h.name, count)
+    h.last_count = count
+
+
+def _note_meter(h: DeviceHandle, r: ReadingLike, frozen_meter_s: float, speed: float) -> None:
+    """A SunSpec meter has no update counter: a reading that has not changed by one count for longer than
+    frozen_meter_s is a frozen meter (a campus load moves every iteration), and its value ages from its last
+    change."""
+    value = value_num(r.values, "power_w")
+    if not math.isfinite(h.value_t_s) or value != h.value_w:
+        h.value_w, h.value_t_s = value, r.t_s
+    frozen_s = (r.t_s - h.value_t_s) * speed
+    if frozen_s > frozen_meter_s:
+        if not h.stuck:
+            log.warning("device %s: reading frozen at %.0f W for %.1f s: treated as stale", h.name, value, frozen_s)
+        h.stuck = True
+        h.fresh_t_s = h.value_t_s
+    else:
+        if h.stuck:
+            log.info("device %s: updating again", h.name)
+        h.stuck = False
+        h.fresh_t_s = r.t_s
+
+
+def _note_battery(h: DeviceHandle, r: ReadingLike) -> None:
+    """A battery that answers but reports itself off line (802 State, 701 ConnSt) is not planned on: say so
+    when it goes, and when it comes back."""
+    on = value_num(r.values, "online")
+    if math.isnan(on):
+        return
+    offline = on < 0.5
+    if offline and not h.offline:
+        log.warning("device %s: reports itself off line: the controller no longer plans on it", h.name)
+    elif h.offline and not offline:
+        log.info("device %s: on line again: planned on again", h.name)
+    h.offline = offline
+
+
+def device_status(h: DeviceHandle) -> DeviceStatus:
+    """What the metrics endpoint says about `h`, as of its last good reading."""
+    last = h.last
+    if last is None:
+        return DeviceStatus(h.name, h.kind, math.nan, math.nan, h.flagged)
+    return DeviceStatus(
+        h.name,
+        h.kind,
+        last.t_s,
+        h.fresh_t_s,
+        h.flagged,
+        lease_state=value_num(last.values, "lease_state") if h.kind == "racks" else math.nan,
+        online=value_num(last.values, "online") if h.kind == "battery" else math.nan,
+    )
