@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from dimmer.daemon import registers as R
 from dimmer.daemon.loop import (
     ALLOWED,
     CycleResult,
@@ -472,6 +473,14 @@ def test_audit_log_records_decisions_and_writes(tmp_path: Path) -> None:
         # an overloaded campus (2.1 MW on a 2 MW interconnect): the controller said why it cut
         assert any(r["layer"] in ("grid", "capping", "emergency") for x in lines[:3] for r in x["reasons"])
         assert lines[-1]["event"] == "stop"
+        # a battery write carries what went on the wire: the model, its scale factor, every request's raw words
+        bess = next(w for w in first["writes"] if w["device"] == "bess")
+        bw = bess["battery_write"]
+        assert bw["model"] == 704 and bw["scale_factor"] == 1 and bw["read_back"] is True
+        first_cycle = plant.writes_to(2)[:2]  # the reversion timer, then the setpoint (the heartbeat follows)
+        assert [(r["address"], r["words"]) for r in bw["requests"]] == [(a, list(w)) for _, a, w in first_cycle]
+        setpoint = next(r for r in bw["requests"] if len(r["words"]) == 6)["words"]
+        assert float(R.decode_int32(setpoint[2:4])[0]) * 10 == pytest.approx(bess["setpoint_w"], abs=10)
 
     asyncio.run(go())
 
