@@ -80,7 +80,7 @@ def plant(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     srv = PlantServer(scenario(tmp_path_factory.mktemp("plant"), duration=3600.0), speed=10.0)
     try:
         lt.run(srv.start())
-        n = int(srv._images[METER_UNIT].words.shape[0])
+        n = srv.map_size(METER_UNIT)
         yield Target("plant", srv.port, METER_UNIT, 40000, b"SunS", n, lambda: srv.update_count)
         assert srv.error is None, srv.error
     finally:

@@ -213,7 +213,7 @@ def test_forged_battery_setpoint_is_refused_without_a_frame(tmp_path: Path, setp
                 await battery.write_setpoint(setpoint_w, 10.0)
             assert bus.requests == 0 and srv.writes == []  # not even the discovery reads
             await battery.write_setpoint(-500e3, 10.0)  # at the rating: allowed
-            assert [w.refused for w in srv.writes] == [None, None]  # 704 setpoint block, 802 heartbeat
+            assert [w.refused for w in srv.writes] == [None, None, None]  # 704 timer, 704 setpoint, 802 heartbeat
         finally:
             await bus.close()
             await srv.stop()
@@ -438,27 +438,40 @@ def _audit_writes(audit: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
 
 def test_every_write_the_plant_received_is_in_the_audit_log_with_its_reason(served: Served) -> None:
     """Walk the plant's record of the write requests it received, device by device, in order, alongside the audit
-    log's writes: each request matches the next audit write with the same values (a battery setpoint is two
-    requests: the 704 block, then the heartbeat), and every audit write carries a reason."""
+    log's writes: each request matches the next audit write with the same values (a battery setpoint is the
+    requests its audit entry lists word for word, then the heartbeat), and every audit write carries a reason."""
     srv, site = served.srv, served.srv.site
     names = {d["unit"]: d["name"] for d in served.config["devices"]}
     audited = list(_audit_writes(served.audit))
     assert audited and all(isinstance(w.get("reason"), str) and w["reason"] for w in audited)
-    for unit in (FIRST_RACK_UNIT, BATTERY_UNIT):
-        mine = [w for w in audited if w["device"] == names[unit]]
-        frames = [w for w in srv.writes if w.unit == unit]
-        i = 0
-        pending_heartbeat = False
-        for f in frames:
-            if unit == BATTERY_UNIT and len(f.values) == 1:
-                assert pending_heartbeat, "a heartbeat with no setpoint before it"
-                pending_heartbeat = False
-                continue
-            while i < len(mine) and not _same(f, mine[i], site.n_racks):
-                i += 1  # an audited write that never reached the plant (the stall's, or a failed one)
-            assert i < len(mine), f"a write to unit {unit} at plant t = {f.t_plant_s:.1f} s is not in the audit log"
-            i += 1
-            pending_heartbeat = unit == BATTERY_UNIT
+    racks = [w for w in audited if w["device"] == names[FIRST_RACK_UNIT]]
+    i = 0
+    for f in (w for w in srv.writes if w.unit == FIRST_RACK_UNIT):
+        while i < len(racks) and not _same(f, racks[i], site.n_racks):
+            i += 1  # an audited write that never reached the plant (the stall's, or a failed one)
+        assert i < len(racks), f"a rack write at plant t = {f.t_plant_s:.1f} s is not in the audit log"
+        i += 1
+    # a battery setpoint is the requests its audit entry lists word for word (the 704 timer, the 704 setpoint),
+    # then the 802 heartbeat
+    bess = [w for w in audited if w["device"] == names[BATTERY_UNIT]]
+    expected: list[tuple[int, tuple[int, ...]]] = []
+    for w in bess:
+        if "battery_write" in w:
+            reqs = w["battery_write"]["requests"]
+            setpoint = next(r["words"] for r in reqs if len(r["words"]) == 6)
+            assert abs(float(R.decode_int32(setpoint[2:4])[0]) - w["setpoint_w"]) <= 0.56  # WSet_SF 0: watts
+            expected += [(r["address"], tuple(r["words"])) for r in reqs]
+    j, after_setpoint = 0, False
+    for f in (w for w in srv.writes if w.unit == BATTERY_UNIT):
+        if len(f.values) == 1:
+            assert after_setpoint, "a heartbeat with no setpoint before it"
+            after_setpoint = False
+            continue
+        while j < len(expected) and expected[j] != (f.address, tuple(f.values)):
+            j += 1  # an audited request that never reached the plant
+        assert j < len(expected), f"a battery write at plant t = {f.t_plant_s:.1f} s is not in the audit log"
+        j += 1
+        after_setpoint = len(f.values) == 6
     # the reasons say what decided: the controller, the safety net on stale telemetry, the stop
     reasons = [w["reason"] for w in audited]
     assert any(r.startswith("controller dimmer: ") for r in reasons)
@@ -473,7 +486,7 @@ def test_every_write_the_plant_received_is_in_the_audit_log_with_its_reason(serv
 
 
 def _same(f: WriteRecord, w: dict[str, Any], n_racks: int) -> bool:
-    """Does the request `f` carry the values the audit write `w` says were written?"""
+    """Does the rack request `f` carry the values the audit write `w` says were written?"""
     if "cap_w" in w:
         if len(f.values) != 4 + 8 * n_racks:
             return False
@@ -484,10 +497,7 @@ def _same(f: WriteRecord, w: dict[str, Any], n_racks: int) -> bool:
             and bool(np.allclose(cmd["floor_w"], _rle_values(w["floor_w"]), atol=0.06))
             and lease == w["lease_s"]
         )
-    if len(f.values) != 13:
-        return False
-    wset = float(R.decode_int32(f.values[2:4])[0])  # the served battery's WSet_SF is 0: whole watts
-    return abs(wset - w["setpoint_w"]) <= 0.56
+    return False
 
 
 # -- e. a battery off line ------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from dimmer.daemon.devices import RackDevice, SiteDevice, SunSpecBattery, SunSpe
 from gridsim.engine import run as run_in_process
 from gridsim.metrics import summarize
 from gridsim.scenario import LoadedScenario, load_scenario
-from gridsim.serve import PlantServer, fallback_cap_w, main_serve
+from gridsim.serve import BATTERY_MODELS, SUNSPEC_BASE, PlantServer, fallback_cap_w, main_serve
 
 # 8 GB300 NVL72 racks in one row rated 900 kW (peak draw ~870 kW: no trip hands-off), one 448-GPU job
 SCENARIO = """
@@ -274,7 +274,8 @@ def test_refused_writes_apply_nothing_and_are_recorded(tmp_path: Path) -> None:
         assert e.value.code == 4
         srv.refuse_writes(10, None)
         await rack.write(800.0, 0.0, np.inf, 0.0, 3.0)
-        assert [w.refused for w in srv.writes] == [3, 2, 2, 3, 4, None]
+        # the battery's first request (WSetEnaRvrt, WSetRvrtTms) is in range: accepted; its setpoint is not
+        assert [w.refused for w in srv.writes] == [3, 2, 2, None, 3, 4, None]
         await bus.close()
 
     serve(scenario(tmp_path), body, speed=20.0)
@@ -282,9 +283,9 @@ def test_refused_writes_apply_nothing_and_are_recorded(tmp_path: Path) -> None:
 
 def test_the_write_history_is_bounded_and_the_counts_are_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A days-long served run must not grow with every write: the latest writes are kept, every one is counted."""
-    import gridsim.serve
+    import gridsim.serve.plant
 
-    monkeypatch.setattr(gridsim.serve, "WRITES_KEPT", 4)
+    monkeypatch.setattr(gridsim.serve.plant, "WRITES_KEPT", 4)
 
     async def body(srv: PlantServer) -> None:
         bus = ModbusTcpBus("127.0.0.1", srv.port)
@@ -354,6 +355,36 @@ def test_fault_injection_restart_stall_and_battery_offline(tmp_path: Path) -> No
         await bus.close()
 
     serve(scenario(tmp_path), body, speed=20.0)
+
+
+def test_hold_until_first_write_waits_for_every_rack_device_and_the_battery_setpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Held at the first control point, the plant starts when every rack device and the battery's setpoint are
+    in: not at the daemon's first battery request (the reversion points), which comes before its setpoint."""
+    import gridsim.serve.worker
+
+    monkeypatch.setattr(gridsim.serve.worker, "HOLD_GRACE_WALL_S", 30.0)  # no start on the grace period here
+
+    async def body(srv: PlantServer) -> None:
+        bus = ModbusTcpBus("127.0.0.1", srv.port)
+        _, battery, _, rack = devices(srv, bus)
+        await until(lambda: srv.update_count >= 1)
+        period = srv.loaded.scenario.engine.control_period_s
+        await rack.write(800.0, 0.0, np.inf, 0.0, 30.0)
+        at704 = SUNSPEC_BASE + R.model_offsets(list(BATTERY_MODELS))[704]
+        revert = R.encode_block(R.MODEL_704, {"WSetEnaRvrt": 1, "WSetRvrtTms": 10})[30:33]
+        await bus.write(2, at704 + 30, revert)  # the daemon's first battery request
+        await asyncio.sleep(0.2)
+        assert srv.holding and srv.plant_time_s() == period and srv.update_count == 1
+        await battery.write_setpoint(-100e3, 10.0)
+        await until(lambda: not srv.holding)
+        assert [w.t_plant_s for w in srv.writes[:3]] == [period] * 3
+        obs = await settled(srv, period)
+        assert obs.bess_power_w == pytest.approx(-100e3, rel=0.05)
+        await bus.close()
+
+    serve(scenario(tmp_path), body, speed=20.0, hold_until_first_write=True)
 
 
 # -- other Modbus implementations -----------------------------------------------------------------------------

@@ -297,14 +297,16 @@ class SunSpecBattery(SunSpecDevice):
             raise self._refuse(f"setpoint must be finite (got {power_w!r})")
         if self.max_power_w is not None and abs(power_w) > self.max_power_w * (1 + 1e-9):
             raise self._refuse(f"setpoint {power_w:.6g} W beyond the battery's rating of ±{self.max_power_w:.6g} W")
-        if not (math.isfinite(revert_s) and 0 < revert_s < 2**16 - 1):
-            raise self._refuse(f"revert_s must be positive and below 65535 s (got {revert_s!r})")
+        if not (math.isfinite(revert_s) and 0 < revert_s < 2**32 - 1):
+            raise self._refuse(f"revert_s must be a positive number of seconds (got {revert_s!r})")
         if self.models is None:
             await self.discover()
         assert self.models is not None
         if 704 in self.models:
             w = await self._write_704(power_w, math.ceil(revert_s))
         elif 124 in self.models:
+            if revert_s > 0xFFFE:  # InOutWRte_RvrtTms is a uint16
+                raise self._refuse(f"revert_s {revert_s:g} s beyond what model 124 can hold (65534 s)")
             w = await self._write_124(power_w, math.ceil(revert_s))
         else:
             raise DeviceError(f"no control model (704 or 124) among {sorted(self.models)}", unit=self.unit)

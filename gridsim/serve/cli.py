@@ -1,0 +1,91 @@
+"""`gridsim serve`: the command line of the served plant."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from dimmer.errors import InputError
+from gridsim.serve.plant import PlantServer
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of `gridsim serve` (for gridsim/cli.py)."""
+    p.add_argument("scenario", type=Path)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    p.add_argument("--port", type=int, default=5020, help="TCP port (0: a free one; default 5020)")
+    p.add_argument("--speed", type=float, default=1.0, help="plant seconds per wall second (default 1)")
+    p.add_argument("--out", type=Path, help="output directory (default: out/<scenario>-served)")
+    p.add_argument("--seed", type=int, help="random seed (default: the scenario's)")
+    p.add_argument("--hold-until-first-write", action="store_true",
+                   help="stop the plant at its first control point until a client writes (a served run then starts "
+                   "like the in-process one)")  # fmt: skip
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario key, e.g. --set duration_s=600")  # fmt: skip
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """`gridsim serve`: raises InputError on bad input (the caller maps it to exit status 2)."""
+    from gridsim.scenario import load_scenario
+
+    if args.seed is not None and args.seed < 0:
+        raise InputError("--seed", "seed", "a non-negative integer")
+    if not (math.isfinite(args.speed) and args.speed > 0):
+        raise InputError("--speed", "speed", f"a positive number (got {args.speed!r})")
+    loaded = load_scenario(args.scenario, args.overrides)
+    out = args.out or Path("out") / f"{loaded.scenario.name}-served"
+    server = PlantServer(
+        loaded,
+        host=args.host,
+        port=args.port,
+        speed=args.speed,
+        out_dir=out,
+        seed=args.seed,
+        hold_until_first_write=bool(getattr(args, "hold_until_first_write", False)),
+    )
+    return asyncio.run(_serve_until_done(server))
+
+
+async def _serve_until_done(server: PlantServer) -> int:
+    try:
+        await server.start()
+    except OSError as exc:
+        raise InputError("--port", "port", f"a port we can listen on ({exc})") from None
+    sys.stdout.write(json.dumps(server.device_map()) + "\n")
+    sys.stdout.flush()
+    dur = server.loaded.scenario.duration_s
+    sys.stderr.write(
+        f"gridsim: serving {server.loaded.scenario.name} on {server.host}:{server.port} at {server.speed:g}x "
+        f"({dur / server.speed:.0f} s of wall time"
+        f"{', held at the first control point until a client writes' if server.holding else ''})\n"
+    )
+    try:
+        await server.done.wait()
+    finally:
+        await server.stop()
+    if server.error:
+        sys.stderr.write(f"gridsim: {server.error}\n")
+        return 1
+    sys.stderr.write(f"gridsim: wrote {server.out_dir}/summary.json\n")
+    return 0
+
+
+def main_serve(argv: Sequence[str] | None = None) -> int:
+    """`gridsim serve SCENARIO [--host H] [--port N] [--speed X] [--out DIR] [--hold-until-first-write]`; exit 0 done,
+    2 bad input, 1 else."""
+    p = argparse.ArgumentParser(prog="gridsim serve", description="Serve the simulated plant over Modbus TCP.")
+    add_serve_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        return run_serve(args)
+    except InputError as exc:
+        sys.stderr.write(f"gridsim: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("gridsim: interrupted\n")
+        return 1

@@ -1,0 +1,189 @@
+"""The project's own devices in the served plant: the site device (dimmer-site-v1) and the rack devices
+(dimmer-rack-v1, 64 racks each in tree order), with the rack devices' leases and their fallback.
+
+A rack device's write is applied at the next control period. Never written: hands-off. Lease held (a write
+within `lease_s` plant seconds): the written commands. Lease expired: caps at `safe_cap_w` (`fallback_cap_w`),
+floors 0, BBUs backup only, recharge at its rating.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import numpy.typing as npt
+
+from dimmer.daemon import registers as R
+from dimmer.daemon.config import uniform_cap_bound_w
+from dimmer.observation import Actions, Observation
+from dimmer.site import SiteModel
+from gridsim.serve.common import FIRST_RACK_UNIT, ILLEGAL_VALUE, SITE_UNIT, Image
+
+FloatArray = npt.NDArray[np.float64]
+LEASE_AT = R.RACK_HEADER.field("lease_s").offset
+
+
+def fallback_cap_w(site: SiteModel) -> float:
+    """The highest per-GPU cap at which every domain stays within its rating — every breaker, and the interconnect
+    limit at the campus — with every rack drawing its cap and every BBU recharging.
+
+    This is what a rack device falls back to when its lease runs out: then nobody controls the plant, the campus
+    battery has reverted to idle and the racks' BBUs are backup only, recharging uncoordinated, so the caps alone
+    must hold every limit. Rack AC power is affine in the per-GPU draw, so each domain gives one bound (the racks'
+    fixed load — idle spare GPUs, host overhead — and their BBU recharge come off its rating). Clipped to the GPU's
+    settable range: a site whose load at the lowest cap exceeds a limit gets the lowest cap.
+    """
+    rs = site.rack_storage
+    recharge_w = np.where(rs.bbu_energy_j > 0, rs.bbu_recharge_w, 0.0)
+    bound = uniform_cap_bound_w(site, site.domain_rating_w, recharge_w)
+    return float(np.clip(np.min(bound), site.gpu.min_cap_w, site.gpu.rated_w))
+
+
+def site_image(site: SiteModel) -> Image:
+    """The site device's registers before the first observation: header, jobs and domains not implemented."""
+    nd, nj = site.n_domains, site.n_jobs
+    words = np.zeros(R.SITE_DOMAIN_BASE + R.SITE_DOMAIN_STRIDE * nd, dtype=np.int64)
+    hdr = R.encode_block(
+        R.SITE_HEADER,
+        {"magic": R.SITE_MAGIC, "version": R.SITE_VERSION, "n_domains": nd, "n_jobs": nj, "update_count": 0},
+    )
+    words[: len(hdr)] = hdr
+    words[R.SITE_JOB_BASE : R.SITE_JOB_BASE + R.SITE_MAX_JOBS] = R.U16_NA
+    words[R.SITE_DOMAIN_BASE :] = R.encode_records(R.SITE_DOMAIN, {}, nd, R.SITE_DOMAIN_STRIDE)
+    return Image(SITE_UNIT, 0, words.tolist(), np.zeros(words.shape[0], dtype=bool))
+
+
+def publish_site(img: Image, site: SiteModel, obs: Observation, update_count: int) -> None:
+    if img.stalled:
+        return
+    img.set(6, R.encode_uint32(update_count))
+    img.set(8, R.encode_float32([obs.pcc_limit_w, obs.ramp_limit_w_per_min, obs.grid_freq_hz]))
+    if site.n_jobs:
+        img.set(R.SITE_JOB_BASE, obs.job_running.astype(np.int64))
+    domains = {"power_w": obs.domain_power_w, "limit_w": obs.domain_limit_w, "thermal_frac": obs.domain_thermal_frac}
+    img.set(R.SITE_DOMAIN_BASE, R.encode_records(R.SITE_DOMAIN, domains, site.n_domains, R.SITE_DOMAIN_STRIDE))
+
+
+class RackDevices:
+    """Every rack device of a site: their images, what their racks were told, and their leases (plant seconds)."""
+
+    def __init__(self, site: SiteModel, safe_cap_w: float) -> None:
+        self.site = site
+        self.safe_cap_w = safe_cap_w
+        n = site.n_racks
+        self.n_devices = max(1, -(-n // R.RACK_MAX))
+        self.first = np.arange(self.n_devices) * R.RACK_MAX
+        self.count = np.minimum(R.RACK_MAX, n - self.first)
+        self.device_of_rack = np.repeat(np.arange(self.n_devices), self.count)
+        # what the racks are told, decoded at write time
+        self.hands = hands = Actions.hands_off(site)
+        self.cmd_cap_w = hands.rack_cap_w.copy()
+        self.cmd_floor_w = hands.rack_floor_w.copy()
+        self.cmd_bbu_threshold_w = hands.rack_bbu_threshold_w.copy()
+        self.cmd_bbu_recharge_w = hands.rack_bbu_recharge_w.copy()
+        self.written = np.zeros(self.n_devices, dtype=bool)
+        self.last_write_s = np.full(self.n_devices, -math.inf)
+        self.lease_s = np.zeros(self.n_devices)
+        self.expired = np.zeros(self.n_devices, dtype=bool)
+        self.lease_expiries = 0
+        self.images = [self._image(k) for k in range(self.n_devices)]
+
+    def _image(self, k: int) -> Image:
+        nr, first = int(self.count[k]), int(self.first[k])
+        words = np.zeros(R.rack_status_address(nr), dtype=np.int64)
+        hdr = R.encode_block(
+            R.RACK_HEADER,
+            {
+                "magic": R.RACK_MAGIC,
+                "version": R.RACK_VERSION,
+                "n_racks": nr,
+                "first_rack": first,
+                "safe_cap_w": self.safe_cap_w,
+                "lease_state": R.LEASE_NONE,
+                "update_count": 0,
+                "lease_s": math.nan,
+                "heartbeat": 0,
+            },
+        )
+        words[: len(hdr)] = hdr
+        sl = slice(first, first + nr)
+        cmds = {
+            "cap_w": self.cmd_cap_w[sl],
+            "floor_w": self.cmd_floor_w[sl],
+            "bbu_threshold_w": self.cmd_bbu_threshold_w[sl],
+            "bbu_recharge_w": self.cmd_bbu_recharge_w[sl],
+        }
+        cmd = R.encode_records(R.RACK_COMMAND, cmds, nr, R.RACK_CMD_STRIDE)
+        words[R.RACK_CMD_BASE : R.RACK_CMD_BASE + len(cmd)] = cmd
+        words[R.RACK_STATUS_BASE :] = R.encode_records(R.RACK_STATUS, {}, nr, R.RACK_STATUS_STRIDE)
+        writable = np.zeros(words.shape[0], dtype=bool)
+        writable[LEASE_AT : R.rack_cmd_address(nr)] = True
+        return Image(FIRST_RACK_UNIT + k, 0, words.tolist(), writable)
+
+    def write(self, k: int, address: int, words: list[int], t_plant: float) -> int | None:
+        """Vet a write to rack device `k` (inside its writable registers) and apply it; the exception code if
+        refused (nothing applied then)."""
+        img = self.images[k]
+        n = len(words)
+        cand = img.words.copy()
+        cand[address - img.start : address - img.start + n] = words
+        nr, first = int(self.count[k]), int(self.first[k])
+        lease_s = float(R.decode_float32(cand[LEASE_AT : LEASE_AT + 2])[0])
+        recs = R.decode_records(R.RACK_COMMAND, cand[R.RACK_CMD_BASE : R.rack_cmd_address(nr)], nr, R.RACK_CMD_STRIDE)
+        if address <= LEASE_AT + 1 < address + n and not (math.isfinite(lease_s) and lease_s > 0):
+            return ILLEGAL_VALUE
+        # a value written must be a number in its range; +inf only for the BBU threshold (backup only)
+        for f in R.RACK_COMMAND:
+            v = recs[f.name]
+            if np.any(np.isnan(v)) or (f.name != "bbu_threshold_w" and not np.all(np.isfinite(v))):
+                return ILLEGAL_VALUE
+        img.words[:] = cand
+        sl = slice(first, first + nr)
+        self.cmd_cap_w[sl] = recs["cap_w"]
+        self.cmd_floor_w[sl] = recs["floor_w"]
+        self.cmd_bbu_threshold_w[sl] = recs["bbu_threshold_w"]
+        self.cmd_bbu_recharge_w[sl] = recs["bbu_recharge_w"]
+        self.written[k] = True
+        self.last_write_s[k] = t_plant
+        self.lease_s[k] = lease_s if math.isfinite(lease_s) else 0.0
+        return None
+
+    def update_leases(self, t_s: float) -> None:
+        """Which leases have run out at plant time `t_s` (counted once each time one runs out)."""
+        held = self.written & (t_s - self.last_write_s <= self.lease_s)
+        expired = self.written & ~held
+        self.lease_expiries += int(np.count_nonzero(expired & ~self.expired))
+        self.expired = expired
+
+    def commands(self) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+        """Per rack: cap, floor, BBU threshold, BBU recharge in force (a rack never written: hands-off)."""
+        exp_r = self.expired[self.device_of_rack]
+        return (
+            np.where(exp_r, self.safe_cap_w, self.cmd_cap_w),
+            np.where(exp_r, 0.0, self.cmd_floor_w),
+            np.where(exp_r, np.inf, self.cmd_bbu_threshold_w),
+            np.where(exp_r, self.hands.rack_bbu_recharge_w, self.cmd_bbu_recharge_w),
+        )
+
+    def publish(self, obs: Observation, update_count: int) -> None:
+        site = self.site
+        fields = {
+            "power_w": obs.rack_power_w,
+            "load_w": obs.rack_load_w,
+            "cap_w": obs.rack_cap_w,
+            "floor_w": obs.rack_floor_w,
+            "bbu_soc_frac": obs.rack_bbu_soc_frac,
+            "energized": obs.rack_energized.astype(np.float64),
+        }
+        status = np.asarray(
+            R.encode_records(R.RACK_STATUS, fields, site.n_racks, R.RACK_STATUS_STRIDE), dtype=np.int64
+        ).reshape(site.n_racks, R.RACK_STATUS_STRIDE)
+        uc_words = R.encode_uint32(update_count)
+        for k, img in enumerate(self.images):  # one slice copy per device (<= 64 racks each)
+            state = R.LEASE_EXPIRED if self.expired[k] else (R.LEASE_HELD if self.written[k] else R.LEASE_NONE)
+            img.set(8, [state])
+            if img.stalled:
+                continue
+            first, nr = int(self.first[k]), int(self.count[k])
+            img.set(10, uc_words)
+            img.set(R.RACK_STATUS_BASE, status[first : first + nr].reshape(-1))
