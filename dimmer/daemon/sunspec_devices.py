@@ -330,7 +330,7 @@ class SunSpecBattery(SunSpecDevice):
         return sf
 
     async def _send(
-        self, block: R.Block, values: R.Values, spans: tuple[tuple[str, ...], ...], sf: int
+        self, power_w: float, block: R.Block, values: R.Values, spans: tuple[tuple[str, ...], ...], sf: int
     ) -> BatteryWrite:
         """Encode `values`, write each span of points as one request, read every span back."""
         assert self.models is not None and block.model_id is not None
@@ -357,8 +357,7 @@ class SunSpecBattery(SunSpecDevice):
                 raise DeviceError(
                     f"model {block.model_id} at {address}: wrote {list(chunk)}, read back {list(got)}", unit=self.unit
                 )
-        power = _f(values.get("WSet", values.get("OutWRte")))
-        return BatteryWrite(power, block.model_id, sf, tuple(requests), read_back)
+        return BatteryWrite(power_w, block.model_id, sf, tuple(requests), read_back)
 
     async def _write_704(self, power_w: float, revert_s: int) -> BatteryWrite:
         sf = await self._scale(M704, "WSet_SF")
@@ -371,8 +370,7 @@ class SunSpecBattery(SunSpecDevice):
             "WSetEnaRvrt": ENA_RVRT_ENABLED,
             "WSetRvrtTms": revert_s,
         }
-        w = await self._send(M704, values, (REVERT_POINTS, SETPOINT_POINTS), sf)
-        return BatteryWrite(power_w, w.model, w.scale_factor, w.requests, w.read_back)
+        return await self._send(power_w, M704, values, (REVERT_POINTS, SETPOINT_POINTS), sf)
 
     async def _write_124(self, power_w: float, revert_s: int) -> BatteryWrite:
         assert self.models is not None
@@ -393,5 +391,4 @@ class SunSpecBattery(SunSpecDevice):
             "InOutWRte_RvrtTms": revert_s,
             "InOutWRte_SF": sf,
         }
-        w = await self._send(M124, values, (("StorCtl_Mod",), RATE_POINTS), sf)
-        return BatteryWrite(power_w, w.model, w.scale_factor, w.requests, w.read_back)
+        return await self._send(power_w, M124, values, (("StorCtl_Mod",), RATE_POINTS), sf)
