@@ -143,6 +143,20 @@ def test_a_limit_the_gpus_refuse_is_exception_4_and_leaves_registers_and_lease_a
     asyncio.run(with_agent(gpus, body))
 
 
+def test_the_same_cap_again_restores_a_limit_changed_behind_the_agents_back() -> None:
+    gpus = SimulatedGpus(4, min_w=200.0, max_w=1400.0, demand_w=1100.0)
+
+    async def body(agent: CapAgent, bus: ModbusTcpBus) -> None:
+        dev = RackDevice(bus, agent.unit, 0, 1)
+        await dev.write(1000.0, 0.0, np.inf, 0.0, lease_s=5.0)
+        assert np.allclose(gpus.limit_w(), 1000.0)
+        gpus.set_limit_w(np.full(4, 1400.0))  # someone runs nvidia-smi -pl 1400 on the host
+        await dev.write(1000.0, 0.0, np.inf, 0.0, lease_s=5.0)  # the controller repeats its cap
+        assert np.allclose(gpus.limit_w(), 1000.0)
+
+    asyncio.run(with_agent(gpus, body))
+
+
 def test_status_reports_the_enforced_limit_not_the_requested_one() -> None:
     gpus = SimulatedGpus(4, min_w=200.0, max_w=1400.0, demand_w=1100.0)
 

@@ -245,7 +245,13 @@ class CapAgent:
         return "; ".join(notes) or "lease renewed"
 
     def apply(self, limit_w: FloatArray) -> None:
-        if self.commanded_w is not None and np.array_equal(limit_w, self.commanded_w):
+        # the same cap again costs no NVML write, unless the GPUs' limit was changed behind the agent's back
+        # (nvidia-smi -pl, another tool): then the controller's cap is put back (NVML keeps whole milliwatts)
+        if (
+            self.commanded_w is not None
+            and np.array_equal(limit_w, self.commanded_w)
+            and np.allclose(self.gpus.limit_w(), limit_w, rtol=0.0, atol=1e-3)
+        ):
             return
         try:
             self.gpus.set_limit_w(limit_w)
