@@ -182,6 +182,7 @@ class PysunspecBattery(PysunspecDevice):
             ctl = m124
         super().__init__([common, m701, ctl, m802], base=base, unit=unit, clock=clock)
         self.last_setpoint_write_s = -math.inf
+        self.started_s = clock()
 
     def on_write(self, address: int, words: list[int]) -> int | None:
         code = super().on_write(address, words)
@@ -218,6 +219,8 @@ class PysunspecBattery(PysunspecDevice):
         return min(max(0.0, lo), hi)  # idle unless the window excludes 0 W
 
     def refresh(self) -> None:
+        # 802 Hb: "incremented every second with periodic resets to zero"
+        self.set_point(802, "Hb", int(self.clock() - self.started_s) & 0xFFFF)
         if self.control == "704":
             p = self.point(704, "WSetRvrtTms")
             left = (

@@ -24,7 +24,7 @@ from dimmer.daemon.loop import (
     SystemdNotifier,
 )
 from dimmer.daemon.state import controller_state, load_into, save_state_file
-from tests.daemon_fakes import BATTERY_UNIT, RACK_UNITS, FakePlant, loaded_config
+from tests.daemon_fakes import BATTERY_MODELS, BATTERY_UNIT, RACK_UNITS, SUNSPEC_BASE, FakePlant, loaded_config
 
 SAFE_W = 0.6 * 1400.0
 
@@ -192,6 +192,35 @@ def test_stuck_update_counter_is_stale() -> None:
         assert res.obs.rack_age_s[0] > 5.0
         assert all(h.stuck for h in d.handles if h.kind == "racks")
         assert np.all(plant.caps_written() <= SAFE_W + 1e-6)
+
+    asyncio.run(go())
+
+
+def test_a_battery_whose_802_heartbeat_stops_is_stale() -> None:
+    """802 Hb is the battery's own heartbeat: while it moves the battery is used; once it stands still for longer
+    than stale_s the battery answers with old values and is planned as off line (no setpoint relies on it)."""
+
+    async def go() -> None:
+        plant, clock = FakePlant(), FakeClock()
+        hb_at = SUNSPEC_BASE + R.model_offsets(list(BATTERY_MODELS))[802] + R.MODEL_802.offset("Hb")
+        d = make(plant, clock)
+        for hb in range(1, 5):
+            plant.bus.set_words(BATTERY_UNIT, hb_at, [hb])
+            res = await step(d)
+            clock.t += 1.0
+            plant.tick()
+        assert res.obs.bess_online
+        for _ in range(7):  # Hb stays at 4
+            res = await step(d)
+            clock.t += 1.0
+            plant.tick()
+        battery = next(h for h in d.handles if h.kind == "battery")
+        assert battery.stuck and not res.obs.bess_online
+        plant.bus.set_words(BATTERY_UNIT, hb_at, [5])  # it beats again
+        await d.cycle()  # the reading that sees it move
+        clock.t += 1.0
+        res = await step(d)
+        assert not battery.stuck and res.obs.bess_online
 
     asyncio.run(go())
 

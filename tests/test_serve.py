@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from dimmer.daemon import registers as R
@@ -23,6 +24,7 @@ from gridsim.engine import run as run_in_process
 from gridsim.metrics import summarize
 from gridsim.scenario import LoadedScenario, load_scenario
 from gridsim.serve import BATTERY_MODELS, SUNSPEC_BASE, PlantServer, fallback_cap_w, main_serve
+from gridsim.serve.maps import LEASE_AT, RackDevices, cap_settle_s
 
 # 8 GB300 NVL72 racks in one row rated 900 kW (peak draw ~870 kW: no trip hands-off), one 448-GPU job
 SCENARIO = """
@@ -221,6 +223,42 @@ def test_lease_expiry_drops_caps_to_the_safe_cap(tmp_path: Path) -> None:
         await bus.close()
 
     serve(loaded, body, speed=20.0)
+
+
+def test_a_lapsed_lease_sets_the_safe_cap_first_and_releases_the_bbus_once_it_has_taken_hold(
+    tmp_path: Path,
+) -> None:
+    """On lapse the cap drops at once; the BBUs keep shaving (their last commands) until the GPUs draw the
+    fallback cap, then go backup only and recharge at their rating."""
+    loaded = scenario(tmp_path)
+    site = loaded.site()
+    settle_s = cap_settle_s(loaded.scenario)
+    assert settle_s == pytest.approx(7.0 * loaded.scenario.gpu.tau_s)  # in band, no actuation latency
+    oob = loaded.scenario.model_copy(update={"gpu": loaded.scenario.gpu.model_copy(update={"path": "oob"})})
+    assert cap_settle_s(oob) == loaded.scenario.gpu.oob_delay_s
+    racks = RackDevices(site, 800.0, settle_s)
+    nr = int(racks.count[0])
+    img = racks.images[0]
+    words = np.asarray(img.words, dtype=np.int64)
+    words[LEASE_AT : LEASE_AT + 2] = R.encode_float32([5.0])
+    cmds = {"cap_w": 1200.0, "floor_w": 0.0, "bbu_threshold_w": 90e3, "bbu_recharge_w": 1e3}
+    cmd = R.encode_records(R.RACK_COMMAND, cmds, nr, R.RACK_CMD_STRIDE)
+    words[R.RACK_CMD_BASE : R.RACK_CMD_BASE + len(cmd)] = cmd
+    assert racks.write(0, LEASE_AT, words[LEASE_AT : R.rack_cmd_address(nr)].tolist(), 10.0) is None
+
+    def in_force(t_s: float) -> tuple[npt.NDArray[np.float64], ...]:
+        racks.update_leases(t_s)
+        return racks.commands()
+
+    cap, _, thr, rec = in_force(14.9)  # held
+    assert np.all(cap == 1200.0) and np.all(thr == 90e3) and np.all(rec == 1e3)
+    cap, floor, thr, rec = in_force(15.1)  # lapsed: the cap at once, the BBUs still as told
+    assert np.all(cap == 800.0) and np.all(floor == 0.0) and np.all(thr == 90e3) and np.all(rec == 1e3)
+    assert racks.lease_expiries == 1
+    cap, _, thr, rec = in_force(15.0 + settle_s + 0.1)  # the cap has taken hold: backup only
+    assert np.all(cap == 800.0) and np.all(np.isinf(thr))
+    np.testing.assert_array_equal(rec, racks.hands.rack_bbu_recharge_w)
+    assert racks.lease_expiries == 1
 
 
 def test_battery_setpoint_and_reversion(tmp_path: Path) -> None:

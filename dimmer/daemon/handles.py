@@ -150,9 +150,12 @@ def value_num(values: Mapping[str, Any], key: str) -> float:
 
 
 def has_data(h: DeviceHandle) -> bool:
-    """The device has answered with published values (an update counter still at 0 has published nothing)."""
+    """The device has answered with published values (a dimmer update counter still at 0 has published nothing;
+    a battery's 802 Hb is 0 at every one of its periodic resets, so there 0 is a value like any other)."""
     if h.last is None:
         return False
+    if h.kind == "battery":
+        return True
     count = value_num(h.last.values, "update_count")
     return not math.isfinite(count) or count > 0
 

@@ -205,7 +205,9 @@ class SunSpecBattery(SunSpecDevice):
 
     Values: "power_w" (+ = discharging into the campus), "soc_frac", "max_charge_w", "max_discharge_w",
     "online" (1.0 when 802 State is CONNECTED, 701 ConnSt is not DISCONNECTED and 701 St is not OFF; without 802,
-    when 701 ConnSt is CONNECTED), "setpoint_revert_s" (the reversion time left), "heartbeat" (802 Hb).
+    when 701 ConnSt is CONNECTED), "setpoint_revert_s" (the reversion time left), "update_count" (802 Hb, the
+    battery's own heartbeat: the daemon treats a battery whose Hb stops moving as stale, like any device whose
+    update counter stops; NaN where the battery has no Hb).
     """
 
     kind = "sunspec-battery"
@@ -242,7 +244,7 @@ class SunSpecBattery(SunSpecDevice):
         return spans
 
     def nan_values(self) -> dict[str, float | FloatArray]:
-        keys = ("power_w", "soc_frac", "max_charge_w", "max_discharge_w", "online", "setpoint_revert_s", "heartbeat")
+        keys = ("power_w", "soc_frac", "max_charge_w", "max_discharge_w", "online", "setpoint_revert_s", "update_count")
         return dict.fromkeys(keys, math.nan)
 
     def _discovered(self) -> None:
@@ -266,7 +268,7 @@ class SunSpecBattery(SunSpecDevice):
             out["soc_frac"] = _pct(_f(m802["SoC"]))
             out["max_charge_w"] = _f(m802["WChaRteMax"])
             out["max_discharge_w"] = _f(m802["WDisChaRteMax"])
-            out["heartbeat"] = _f(m802["Hb"])
+            out["update_count"] = _f(m802["Hb"])
             state = _f(m802["State"])
             if math.isnan(state):  # the battery does not say: the inverter's grid connection decides
                 out["online"] = conn_online

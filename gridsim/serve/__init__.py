@@ -27,8 +27,9 @@ The plant is the ordinary engine (`gridsim.engine.Simulation`) running in a work
 controller's seat: every simulated control period the adapter (`PlantWorker`) waits until wall time catches up with
 `obs.t_s / speed`, publishes the observation into the registers, and returns the Actions decoded from what was
 last written — honouring leases as real equipment would: a rack device whose lease ran out (no write for
-`lease_s` of plant time) falls back to its safe cap, floors off, BBUs to backup only; a battery setpoint reverts
-once WSetRvrtTms passes without a setpoint write (to WSetRvrt if WSetEnaRvrt is enabled, else to 0 W). A rack
+`lease_s` of plant time) falls back to its safe cap, floors off, and once the cap has taken hold its BBUs to backup
+only; a battery setpoint reverts once WSetRvrtTms passes without a setpoint write (to WSetRvrt if WSetEnaRvrt is
+enabled, else to 0 W). A rack
 device nobody has written yet runs hands-off. Every register access happens on the event loop's thread, so a read
 never sees half a publication.
 

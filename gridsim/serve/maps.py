@@ -2,8 +2,10 @@
 (dimmer-rack-v1, 64 racks each in tree order), with the rack devices' leases and their fallback.
 
 A rack device's write is applied at the next control period. Never written: hands-off. Lease held (a write
-within `lease_s` plant seconds): the written commands. Lease expired: caps at `safe_cap_w` (`fallback_cap_w`),
-floors 0, BBUs backup only, recharge at its rating.
+within `lease_s` plant seconds): the written commands. Lease expired: caps at `safe_cap_w` (`fallback_cap_w`) and
+floors 0 at once; the BBUs keep their last commands until the fallback cap has taken hold (`cap_settle_s`), then go
+backup only, recharging at their rating. Releasing the BBUs together with the cap would let the swing's peaks
+and the recharge reach the grid while the GPUs still draw the old cap (was 0.1 s over the interconnect limit).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dimmer.daemon import registers as R
 from dimmer.daemon.config import uniform_cap_bound_w
 from dimmer.observation import Actions, Observation
 from dimmer.site import SiteModel
+from gridsim.scenario import Scenario
 from gridsim.serve.common import FIRST_RACK_UNIT, ILLEGAL_VALUE, SITE_UNIT, Image
 
 FloatArray = npt.NDArray[np.float64]
@@ -37,6 +40,14 @@ def fallback_cap_w(site: SiteModel) -> float:
     recharge_w = np.where(rs.bbu_energy_j > 0, rs.bbu_recharge_w, 0.0)
     bound = uniform_cap_bound_w(site, site.domain_rating_w, recharge_w)
     return float(np.clip(np.min(bound), site.gpu.min_cap_w, site.gpu.rated_w))
+
+
+def cap_settle_s(scenario: Scenario) -> float:
+    """How long after a rack device sets a cap the GPUs draw it: the actuation latency, then the out-of-band
+    path's delay or seven time constants of the in-band lag (within 0.1 % of the step)."""
+    gpu = scenario.gpu
+    lag_s = gpu.oob_delay_s if gpu.path == "oob" else 7.0 * gpu.tau_s
+    return float(scenario.engine.actuation_latency_s + lag_s)
 
 
 def site_image(site: SiteModel) -> Image:
@@ -67,9 +78,10 @@ def publish_site(img: Image, site: SiteModel, obs: Observation, update_count: in
 class RackDevices:
     """Every rack device of a site: their images, what their racks were told, and their leases (plant seconds)."""
 
-    def __init__(self, site: SiteModel, safe_cap_w: float) -> None:
+    def __init__(self, site: SiteModel, safe_cap_w: float, cap_settle_s: float = 0.0) -> None:
         self.site = site
         self.safe_cap_w = safe_cap_w
+        self.cap_settle_s = cap_settle_s
         n = site.n_racks
         self.n_devices = max(1, -(-n // R.RACK_MAX))
         self.first = np.arange(self.n_devices) * R.RACK_MAX
@@ -85,6 +97,7 @@ class RackDevices:
         self.last_write_s = np.full(self.n_devices, -math.inf)
         self.lease_s = np.zeros(self.n_devices)
         self.expired = np.zeros(self.n_devices, dtype=bool)
+        self.bbu_released = np.zeros(self.n_devices, dtype=bool)  # expired for longer than cap_settle_s
         self.lease_expiries = 0
         self.images = [self._image(k) for k in range(self.n_devices)]
 
@@ -154,15 +167,17 @@ class RackDevices:
         expired = self.written & ~held
         self.lease_expiries += int(np.count_nonzero(expired & ~self.expired))
         self.expired = expired
+        self.bbu_released = expired & (t_s - self.last_write_s > self.lease_s + self.cap_settle_s)
 
     def commands(self) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
         """Per rack: cap, floor, BBU threshold, BBU recharge in force (a rack never written: hands-off)."""
         exp_r = self.expired[self.device_of_rack]
+        rel_r = self.bbu_released[self.device_of_rack]
         return (
             np.where(exp_r, self.safe_cap_w, self.cmd_cap_w),
             np.where(exp_r, 0.0, self.cmd_floor_w),
-            np.where(exp_r, np.inf, self.cmd_bbu_threshold_w),
-            np.where(exp_r, self.hands.rack_bbu_recharge_w, self.cmd_bbu_recharge_w),
+            np.where(rel_r, np.inf, self.cmd_bbu_threshold_w),
+            np.where(rel_r, self.hands.rack_bbu_recharge_w, self.cmd_bbu_recharge_w),
         )
 
     def publish(self, obs: Observation, update_count: int) -> None:

@@ -34,7 +34,7 @@ from gridsim.serve.common import (
     Image,
     WriteRecord,
 )
-from gridsim.serve.maps import RackDevices, fallback_cap_w, publish_site, site_image
+from gridsim.serve.maps import RackDevices, cap_settle_s, fallback_cap_w, publish_site, site_image
 from gridsim.serve.sunspec import ServedMeter, SunSpecDevice
 from gridsim.serve.worker import PlantWorker
 
@@ -90,7 +90,7 @@ class PlantServer:
         name = loaded.scenario.name
         self.meter = ServedMeter(site, name)
         self.battery = ServedBattery(site, name)
-        self.racks = racks = RackDevices(site, self.safe_cap_w)
+        self.racks = racks = RackDevices(site, self.safe_cap_w, cap_settle_s(loaded.scenario))
         self.n_rack_devices = racks.n_devices
         self.rack_first, self.rack_count = racks.first, racks.count
         # what the racks are told (arrays shared with `racks`, updated in place)
