@@ -37,6 +37,7 @@ from gridsim.scenario import (
     JobEvent,
     LoadedScenario,
 )
+from gridsim.wear import SocTurningPoints
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -51,6 +52,9 @@ TICK_SERIES = (
     "freq_hz",
     "bess_soc_frac",
     "floor_burn_w",  # power the floors burn above what the GPUs would draw
+    "bbu_w",  # every rack BBU together, positive = discharging into its rack, negative = recharging
+    "bbu_soc_min_frac",  # the emptiest rack BBU (NaN: no BBUs)
+    "bbu_soc_mean_frac",
 )
 
 
@@ -250,6 +254,16 @@ class Simulation:
             "bbu_soc_mean_frac": np.zeros(n_periods),
         }
         period_t = np.zeros(n_periods)
+        # BBU wear and ride-through: every rack's SoC turning points, and the least time any rack's stored
+        # energy could carry its load (over racks and periods)
+        bbu_turns = SocTurningPoints(self.bbus.soc_frac)
+        has_bbu = self.bbus.capacity_j > 0
+        bbu_eff = math.sqrt(self.bbus.round_trip_eff)
+        min_ride_through_s = math.inf
+        any_bbu = bool(has_bbu.any())
+        if not any_bbu:
+            tick["bbu_soc_min_frac"][:] = np.nan
+            tick["bbu_soc_mean_frac"][:] = np.nan
         step_ms = np.full(n_periods, np.nan)  # the first period runs hands-off: no telemetry yet
 
         self.apply(0.0, Actions.hands_off(site))
@@ -367,6 +381,11 @@ class Simulation:
             tick["bess_soc_frac"][k] = self.bess.soc_frac
             burn = np.maximum(draw - np.minimum(demand, self.gpus.cap_w), 0.0)
             tick["floor_burn_w"][k] = float(active_over_eff @ burn)
+            tick["bbu_w"][k] = float(np.add.reduce(self.bbus.discharge_w) - np.add.reduce(self.bbus.recharge_w))
+            if any_bbu:
+                bbu_soc = self.bbus.soc_frac[has_bbu]
+                tick["bbu_soc_min_frac"][k] = bbu_soc.min()
+                tick["bbu_soc_mean_frac"][k] = bbu_soc.mean()
 
             if (k + 1) % tpp == 0 or k == n - 1:
                 p = k // tpp
@@ -385,6 +404,11 @@ class Simulation:
                 period["rack_w"][p] = grid_rack_w[rec_r]
                 period["rack_cap_w"][p] = self.gpus.cap_w[rec_r]
                 period["bbu_soc_min_frac"][p] = self.bbus.soc_frac.min() if site.n_racks else np.nan
+                bbu_turns.update(self.bbus.soc_frac)
+                loaded_r = rack_w > 0
+                if loaded_r.any():
+                    ride = np.where(has_bbu, self.bbus.stored_j * bbu_eff, 0.0)[loaded_r] / rack_w[loaded_r]
+                    min_ride_through_s = min(min_ride_through_s, float(ride.min()))
                 period["bbu_soc_mean_frac"][p] = self.bbus.soc_frac.mean() if site.n_racks else np.nan
                 if progress is not None:
                     now = time.perf_counter()
@@ -406,7 +430,12 @@ class Simulation:
             "tray_energy_in_j": float(np.sum(self.trays.energy_in_j)),
             "tray_energy_out_j": float(np.sum(self.trays.energy_out_j)),
             "bbu_fault_drained_j": self.faults.drained_j,
+            "bbu_usable_j": float(np.sum((self.bbus.soc_max_frac - self.bbus.soc_min_frac) * self.bbus.capacity_j)),
         }
+        window = self.bbus.soc_max_frac - self.bbus.soc_min_frac
+        worst = float(bbu_turns.cycles_per_rack(window).max(initial=0.0))
+        storage["bbu_equivalent_cycles_max"] = worst if has_bbu.any() else math.nan
+        storage["bbu_min_ride_through_s"] = min_ride_through_s if has_bbu.any() else math.nan
         trips = [(float(ts), site.domain_name[d]) for ts, d in self.breakers.trip_log]
         return SimResult(
             scenario=sc.name,

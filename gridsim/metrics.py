@@ -49,9 +49,15 @@ SUMMARY_KEYS = (
     "controller_step_ms_p50",
     "controller_step_ms_p99",
     "sim_speed_x_realtime",
+    "max_grid_step_mw",
+    "bbu_equivalent_cycles",
+    "bbu_cycles_per_day",
+    "bbu_throughput_cycles_per_day",
+    "min_bbu_ride_through_s",
 )
 
 J_PER_MWH = 3.6e9
+DAY_S = 86400.0
 POWER_LOSSES = ("cap", "suspend", "trip")
 
 
@@ -112,6 +118,18 @@ def summarize(res: SimResult) -> dict[str, Any]:
         "sim_speed_x_realtime": res.duration_s / res.wall_s if res.wall_s > 0 else math.inf,
     }
     summary["sim_speed_x_realtime"] = _finite(summary["sim_speed_x_realtime"])
+    # steps the utility sees, from t = 0: the first tick's import is the site as it stood before the run
+    summary["max_grid_step_mw"] = float(np.max(np.abs(np.diff(grid)), initial=0.0)) / 1e6
+    # BBU wear: the worst rack's depth-weighted rainflow cycles, and the fleet's discharge throughput
+    per_day = DAY_S / res.duration_s if res.duration_s > 0 else math.nan
+    st = res.storage
+    cycles = st.get("bbu_equivalent_cycles_max", math.nan)
+    usable = st.get("bbu_usable_j", 0.0)
+    summary["bbu_equivalent_cycles"] = _finite(cycles)
+    summary["bbu_cycles_per_day"] = _finite(cycles * per_day)
+    throughput = st["bbu_energy_out_j"] / usable * per_day if usable > 0 else math.nan
+    summary["bbu_throughput_cycles_per_day"] = _finite(throughput)
+    summary["min_bbu_ride_through_s"] = _finite(st.get("bbu_min_ride_through_s", math.nan))
     assert tuple(summary) == SUMMARY_KEYS
     res.summary = summary
     return summary

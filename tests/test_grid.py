@@ -258,9 +258,12 @@ def test_band_rms_nyquist_clip_and_short_series() -> None:
     assert band_rms_w(a * np.sin(2 * np.pi * 0.4 * t), dt, 0.1, 0.8) == pytest.approx(a / math.sqrt(2), rel=0.01)
     assert band_rms_w(a * np.sin(2 * np.pi * 3.0 * t), dt, 0.1, 0.8) < 0.01 * a  # inter-area band only
     assert band_rms_w(np.ones(20), dt) == 0.0  # too short to filter: 0.0 by definition
-    short = a * np.sin(2 * np.pi * 1.0 * np.arange(0.0, 49.0, dt))  # under 5 / lo_hz = 50 s: not measurable
+    short = a * np.sin(2 * np.pi * 1.0 * np.arange(0.0, 9.0, dt))  # under 1 / lo_hz = 10 s: not measurable
     assert band_rms_w(short, dt) == 0.0
-    assert band_rms_w(a * np.sin(2 * np.pi * 1.0 * np.arange(0.0, 51.0, dt)), dt) > 0.5 * a
+    assert band_rms_w(a * np.sin(2 * np.pi * 1.0 * np.arange(0.0, 11.0, dt)), dt) > 0.5 * a
+    # a step at the first tick is in the band's measure (the edges are no longer left out)
+    stepped = np.where(np.arange(0.0, 200.0, dt) >= 1.0, 9.26e6, 10e6)
+    assert band_rms_w(stepped, dt) > 0.01 * 0.74e6
     assert band_rms_w(np.sin(np.arange(100.0)), 1.0, 0.6, 2.0) == 0.0  # band above Nyquist
     assert band_rms_w(np.full(1000, 7e6), dt) == pytest.approx(0.0, abs=1e-6)  # DC is out of band
     with pytest.raises(ValueError):

@@ -300,13 +300,13 @@ def band_rms_w(p_w: FloatArray, dt_s: float, lo_hz: float = 0.1, hi_hz: float = 
     Order 4, run forward and backward (sosfiltfilt): magnitude response squared, −6 dB at the edges. The
     series cannot hold anything above Nyquist (1 / (2 dt): 5 Hz at dt 0.1 s), so when hi_hz ≥ Nyquist the
     upper edge is dropped and the filter is a high-pass at lo_hz (everything the series can show above
-    lo_hz). The filter's edge transients (the padding cannot continue out-of-band content smoothly) decay
-    with the slowest edge, so the first and last EDGE_PERIODS / lo_hz seconds (20 s at 0.1 Hz; 1/hi_hz
-    periods for a low-pass) are filtered but left out of the mean.
+    lo_hz). The series is extended by its mirror image over EDGE_PERIODS / lo_hz seconds (20 s at 0.1 Hz;
+    1/hi_hz periods for a low-pass) at each end, where the filter's own edge transients decay (a mirror
+    continues a steady swing without a jump: an out-of-band sine leaks < 0.5 % of its RMS), and every sample of
+    the run is in the mean: a step at the start or the end of the run is measured like any other.
 
-    Returns 0.0 when the band cannot be measured: lo_hz at or above Nyquist, or a series shorter than the two
-    edges plus one period of the lower edge (5 / lo_hz seconds: 50 s at 0.1 Hz). 0.0 then means "not
-    measurable", not "measured zero".
+    Returns 0.0 when the band cannot be measured: lo_hz at or above Nyquist, or a series shorter than one period
+    of the lower edge (10 s at 0.1 Hz). 0.0 then means "not measurable", not "measured zero".
     """
     if not (dt_s > 0 and hi_hz > lo_hz >= 0):
         raise ValueError("need dt_s > 0 and 0 <= lo_hz < hi_hz")
@@ -327,9 +327,9 @@ def band_rms_w(p_w: FloatArray, dt_s: float, lo_hz: float = 0.1, hi_hz: float = 
         sos = butter(BAND_FILTER_ORDER, lo_hz, btype="highpass", fs=fs, output="sos")
     else:
         sos = butter(BAND_FILTER_ORDER, [lo_hz, hi_hz], btype="bandpass", fs=fs, output="sos")
-    if p.size < 2 * edge + max(period, 3 * (2 * sos.shape[0] + 1)):
+    if p.size < period:
         return 0.0
-    y = sosfiltfilt(sos, x)[edge : p.size - edge]
+    y = sosfiltfilt(sos, x, padtype="even", padlen=min(edge, p.size - 1))
     return float(np.sqrt(np.mean(np.square(y))))
 
 

@@ -1,0 +1,95 @@
+"""Storage wear: depth-weighted rainflow cycles (Xu et al. 2018), turning points kept per rack, the summary keys."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gridsim.engine import run
+from gridsim.metrics import SUMMARY_KEYS, summarize
+from gridsim.scenario import load_scenario
+from gridsim.wear import SocTurningPoints, depth_weight, equivalent_cycles
+
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
+
+
+def test_the_depth_stress_curve_of_xu_et_al() -> None:
+    assert depth_weight(1.0) == pytest.approx(1.0)
+    assert depth_weight(0.0) == 0.0
+    # a 1 % cycle weighs (k1 + k3) / (k1 0.01^k2 + k3) = 17,000 / 1.293e6 of a full one: more than its depth
+    assert float(depth_weight(0.01)) == pytest.approx(17000.0 / (1.40e5 * 0.01**-0.501 - 1.23e5), rel=1e-12)
+    assert 0.01 < float(depth_weight(0.01)) < 0.02
+    d = np.linspace(0.001, 1.0, 200)
+    assert np.all(np.diff(depth_weight(d)) > 0)  # deeper costs more
+
+
+def test_cycles_of_known_swings() -> None:
+    assert equivalent_cycles([0.0, 1.0, 0.0]) == pytest.approx(1.0)  # one full swing: two half cycles
+    assert equivalent_cycles([0.5, 0.5, 0.5]) == 0.0
+    # 100 swings of 1 % of a 0.5 window (depth 0.02 each)
+    soc = 0.9 + 0.005 * np.tile([0.0, 1.0], 101)
+    assert equivalent_cycles(soc, 0.5) == pytest.approx(100 * float(depth_weight(0.01)), rel=0.02)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(0.0, 1.0), min_size=2, max_size=60), st.floats(-0.2, 0.2), st.floats(1.0, 3.0))
+def test_cycle_invariants(soc: list[float], shift: float, gain: float) -> None:
+    """Non-negative; a constant offset changes nothing; a larger swing never costs less; same input, same result."""
+    x = np.asarray(soc) * 0.3
+    base = equivalent_cycles(x)
+    assert base >= 0.0
+    assert equivalent_cycles(x + shift) == pytest.approx(base, rel=1e-9, abs=1e-12)
+    assert equivalent_cycles(x * gain) >= base - 1e-12
+    assert equivalent_cycles(x) == base
+
+
+def test_turning_points_keep_what_rainflow_needs() -> None:
+    rng = np.random.default_rng(3)
+    series = np.cumsum(rng.normal(0.0, 0.01, size=(400, 3)), axis=0) + 0.7
+    tp = SocTurningPoints(series[0], hysteresis_frac=0.0)
+    for row in series[1:]:
+        tp.update(row)
+    for k in range(3):
+        assert equivalent_cycles(tp.series(k)) == pytest.approx(equivalent_cycles(series[:, k]), rel=1e-5)
+    per_rack = tp.cycles_per_rack(1.0)
+    assert per_rack.shape == (3,) and np.all(per_rack > 0)
+
+
+def test_summary_counts_bbu_wear_ride_through_and_steps(tmp_path: Path) -> None:
+    res = run(load_scenario(SCENARIOS / "swing-8k.toml", ["duration_s=120"]), controller="dimmer")
+    s = summarize(res)
+    assert tuple(s) == SUMMARY_KEYS
+    json.dumps(s, allow_nan=False)  # every key is a number or null, never NaN
+    grid = res.tick["grid_w"]
+    assert s["max_grid_step_mw"] == pytest.approx(float(np.max(np.abs(np.diff(grid)))) / 1e6)
+    assert s["bbu_cycles_per_day"] == pytest.approx(s["bbu_equivalent_cycles"] * 86400.0 / 120.0)
+    usable = float(np.sum((res.site.rack_storage.bbu_soc_max_frac - res.site.rack_storage.bbu_soc_min_frac)
+                          * res.site.rack_storage.bbu_energy_j))  # fmt: skip
+    assert s["bbu_throughput_cycles_per_day"] == pytest.approx(
+        res.storage["bbu_energy_out_j"] / usable * 86400.0 / 120.0
+    )
+    # the ride-through lies between a shelf at its floor carrying the rack at full draw and a full shelf
+    # carrying 1 kW
+    rs = res.site.rack_storage
+    eff = math.sqrt(rs.bbu_round_trip_eff)
+    lowest = rs.bbu_soc_min_frac * float(np.min(rs.bbu_energy_j)) * eff / float(np.max(res.site.rack_max_w()))
+    assert lowest <= s["min_bbu_ride_through_s"] <= float(np.max(rs.bbu_energy_j)) * eff / 1e3
+    assert np.isfinite(res.tick["bbu_soc_min_frac"]).all()
+    assert np.all(res.tick["bbu_soc_min_frac"] <= res.tick["bbu_soc_mean_frac"] + 1e-12)
+
+
+def test_a_site_without_bbus_reports_null_wear() -> None:
+    loaded = load_scenario(
+        SCENARIOS / "swing-8k.toml",
+        ["duration_s=30", "site.storage.bbu.kw_per_rack=0", "site.storage.bbu.kwh_per_rack=0"],
+    )
+    s = summarize(run(loaded, controller="none"))
+    assert s["bbu_equivalent_cycles"] is None and s["bbu_cycles_per_day"] is None
+    assert s["bbu_throughput_cycles_per_day"] is None and s["min_bbu_ride_through_s"] is None
+    assert math.isfinite(s["max_grid_step_mw"])
