@@ -43,6 +43,8 @@ def equivalent_cycles(soc_frac: npt.ArrayLike, window_frac: float = 1.0) -> floa
     x = x[np.isfinite(x)]
     if x.size < 2 or window_frac <= 0:
         return 0.0
+    if x.size == 2:  # one run with no turn: half a cycle (rainflow counts nothing for two points)
+        return 0.5 * float(depth_weight(abs(x[1] - x[0]) / window_frac))
     cycles = list(rainflow.count_cycles(x))  # (range, count), count 0.5 for a half cycle
     if not cycles:
         return 0.0
@@ -95,7 +97,8 @@ class SocTurningPoints:
         """Depth-weighted cycles of every rack (racks with the same turning points are counted once)."""
         out = np.zeros(self.first.shape[0])
         seen: dict[bytes, float] = {}
-        for k in np.flatnonzero(self.count > 0):  # at the end of a run, not in a per-tick path
+        moved = (self.count > 0) | (self.direction != 0)  # a single fall with no turn is a half cycle too
+        for k in np.flatnonzero(moved):  # at the end of a run, not in a per-tick path
             s = self.series(int(k))
             key = s.tobytes()
             if key not in seen:

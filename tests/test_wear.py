@@ -59,6 +59,11 @@ def test_turning_points_keep_what_rainflow_needs() -> None:
         assert equivalent_cycles(tp.series(k)) == pytest.approx(equivalent_cycles(series[:, k]), rel=1e-5)
     per_rack = tp.cycles_per_rack(1.0)
     assert per_rack.shape == (3,) and np.all(per_rack > 0)
+    # one discharge that never turns is half a cycle of its depth
+    once = SocTurningPoints(np.array([1.0, 1.0]))
+    for soc in np.linspace(1.0, 0.6, 50):
+        once.update(np.array([soc, 1.0]))
+    np.testing.assert_allclose(once.cycles_per_rack(0.5), [0.5 * float(depth_weight(0.8)), 0.0])
 
 
 def test_summary_counts_bbu_wear_ride_through_and_steps(tmp_path: Path) -> None:
