@@ -71,7 +71,8 @@ def summarize(res: SimResult) -> dict[str, Any]:
     grid = res.tick["grid_w"]
     demand = res.tick["demand_w"]
     window = site.ramp_window_s
-    ramps = ramp_w_per_min(grid, dt, window)
+    # the ramp and the band count the controller's own steps from the first tick (demand is the reference)
+    ramps = ramp_w_per_min(grid, dt, window, reference_w=demand)
     lo, hi = effective_band_hz(dt, *res.band_hz)
 
     acc = res.accounting
@@ -97,10 +98,10 @@ def summarize(res: SimResult) -> dict[str, Any]:
         "racks": site.n_racks,
         "breaker_trips": len(res.trips),
         "pcc_overlimit_s": overlimit_s(grid, dt, res.tick["pcc_limit_w"]),
-        "ramp_violation_s": ramp_violation_s(grid, dt, window, site.ramp_limit_w_per_min),
+        "ramp_violation_s": ramp_violation_s(grid, dt, window, site.ramp_limit_w_per_min, reference_w=demand),
         "max_ramp_mw_per_min": float(np.max(np.abs(ramps))) / 1e6 if ramps.size else 0.0,
         "band_hz": [lo, hi],
-        "band_rms_mw": band_rms_w(grid, dt, lo, hi) / 1e6,
+        "band_rms_mw": band_rms_w(grid, dt, lo, hi, reference_w=demand) / 1e6,
         "demand_band_rms_mw": band_rms_w(demand, dt, lo, hi) / 1e6,
         "peak_grid_mw": float(grid.max()) / 1e6,
         "grid_energy_mwh": grid_j / J_PER_MWH,

@@ -14,12 +14,24 @@ from .conftest import SCENARIOS
 
 LIBRARY = sorted(SCENARIOS.glob("*.toml"))
 
+# Known defects the metrics expose, each an open mechanism of an issue: the test fails once one is fixed, so the
+# entry goes with the fix.
+KNOWN_RAMP_VIOLATIONS = {
+    # issue #11, mechanism 6: the first action caps the oversubscribed row in one step (grid import 8.6 -> 6.6 MW
+    # at t = 1 s, 1.76 MW/min against 1 MW/min); the ramp metric counts it since it is measured from t = 0
+    "oversubscribed-row": "issue #11 mechanism 6: a step at the first action",
+}
+
 
 @pytest.mark.parametrize("path", LIBRARY, ids=[p.stem for p in LIBRARY])
 def test_dimmer_holds_every_limit_on_the_first_ten_minutes(path: Path) -> None:
     s = summarize(run(load_scenario(path, ["duration_s=600"]), controller="dimmer"))
     assert s["breaker_trips"] == 0
     assert s["pcc_overlimit_s"] == 0.0
+    if path.stem in KNOWN_RAMP_VIOLATIONS:
+        if s["ramp_violation_s"] > 0.0:
+            pytest.xfail(KNOWN_RAMP_VIOLATIONS[path.stem])
+        pytest.fail(f"{path.stem} holds the ramp limit now: remove it from KNOWN_RAMP_VIOLATIONS")
     assert s["ramp_violation_s"] == 0.0
 
 

@@ -20,6 +20,7 @@ from gridsim.plant.grid import (
     max_freq_dev_hz,
     max_rocof_hz_per_s,
     overlimit_s,
+    pre_run_w,
     ramp_violation_s,
     ramp_w_per_min,
 )
@@ -197,6 +198,15 @@ def test_missing_csv_gives_input_error(tmp_path: Path) -> None:
 
 
 # ---- metrics -----------------------------------------------------------------------------------------------
+def _held_ramp_by_convolution(p: np.ndarray, dt: float, window_s: float) -> np.ndarray:
+    """The ramp written the long way for a site that stood at its first sample before the run: 2W of it, then
+    the run, window means by convolution."""
+    n = round(window_s / dt)
+    ext = np.concatenate([np.full(2 * n, p[0]), p])
+    means = np.convolve(ext, np.ones(n) / n, mode="valid")  # means[i]: the window ending at ext[i + n - 1]
+    return (means[n + 1 : n + 1 + p.size] - means[1 : 1 + p.size]) / (n * dt) * 60.0
+
+
 def test_ramp_metric_on_a_linear_ramp() -> None:
     dt = 0.1
     t = np.arange(0.0, 300.0, dt)
@@ -206,12 +216,22 @@ def test_ramp_metric_on_a_linear_ramp() -> None:
     n = 600
     # Two full windows in, the difference of window means is exactly the slope.
     assert np.allclose(r[2 * n - 1 :], slope_w_per_s * 60.0, rtol=1e-9)
-    assert np.all(r[: 2 * n - 1] == 0.0)  # not measured before two whole windows
+    # Before that the windows reach back into the run's first 10 s reflected (a demand's unknown history): the
+    # ramp is measured, never above the slope.
+    assert np.all(np.abs(r) <= slope_w_per_s * 60.0 * (1 + 1e-9))
     over = ramp_violation_s(p, dt, 60.0, 10e6)
-    assert over == pytest.approx((t.size - 2 * n + 1) * dt)
+    assert over == pytest.approx(np.count_nonzero(r > 10e6 * (1 + 1e-6)) * dt)
+    assert (t.size - 2 * n + 1) * dt <= over < t.size * dt
     assert ramp_violation_s(p, dt, 60.0, 12e6) == 0.0  # exactly at the limit: within the 1 ppm tolerance
     assert ramp_violation_s(-p, dt, 60.0, 10e6) == pytest.approx(over)  # |ramp|: down counts too
     assert ramp_violation_s(p, dt, 60.0, math.inf) == 0.0
+    # The same ramp made by the controller on a flat demand: that part stood at its first value before the run,
+    # so the ramp is the held one, measured from the first tick and growing to the slope.
+    flat = np.full(t.size, 100e6)
+    rc = ramp_w_per_min(p, dt, 60.0, reference_w=flat)
+    assert np.allclose(rc, _held_ramp_by_convolution(p, dt, 60.0), rtol=1e-9, atol=1e-3)
+    assert np.allclose(rc[2 * n - 1 :], r[2 * n - 1 :], rtol=1e-9)  # from 2W on, the run alone decides
+    assert rc[0] == 0.0 and rc[1] > 0 and np.all(np.diff(rc[: 2 * n - 1]) > 0)
 
 
 def test_ramp_metric_on_a_step_and_an_oscillation() -> None:
@@ -221,10 +241,47 @@ def test_ramp_metric_on_a_step_and_an_oscillation() -> None:
     r = ramp_w_per_min(step, dt, 60.0)
     assert r.max() == pytest.approx(30e6, rel=1e-9)  # a 30 MW step peaks at 30 MW per 60 s window
     assert t[np.argmax(r)] == pytest.approx(160.0, abs=dt)
-    # A 0.5 Hz swing of +-4 MW around a flat level is an oscillation, not a ramp.
+    assert np.all(r[t < 100.0] == 0.0)
+    # A 0.5 Hz swing of +-4 MW around a flat level is an oscillation, not a ramp, from the first tick although
+    # the run starts at its peak (holding the first sample would read a 4 MW/min ramp)
     swing = 4e6 * np.sign(np.sin(2 * np.pi * 0.5 * t + 0.1))
-    assert np.abs(ramp_w_per_min(swing, dt, 60.0)).max() < 0.05e6
-    assert ramp_w_per_min(step[:1199], dt, 60.0).tolist() == [0.0] * 1199
+    rs = ramp_w_per_min(swing, dt, 60.0)
+    assert np.abs(rs[1199:]).max() < 0.05e6 and np.abs(rs).max() < 0.25e6
+    # A step the controller makes at the first action is measured like the same step in mid-run: exactly on a
+    # flat demand, within the swing's own error on a swinging one; a metric from 2W on would not see it at all.
+    flat = np.full(t.size, 6.8e6)
+    cut = np.where(t >= dt, 0.74e6, 0.0)
+    r0 = ramp_w_per_min(flat - cut, dt, 60.0, reference_w=flat)
+    assert r0.min() == pytest.approx(-0.74e6, rel=1e-9)
+    assert t[np.argmin(r0)] == pytest.approx(60.0, abs=1.5 * dt)
+    assert ramp_violation_s(flat - cut, dt, 60.0, 0.5e6, reference_w=flat) > 0.0
+    r1 = ramp_w_per_min(swing + flat - cut, dt, 60.0, reference_w=swing + flat)
+    assert r1.min() == pytest.approx(-0.74e6, abs=0.25e6)
+    assert ramp_w_per_min(np.zeros(0), dt, 60.0).size == 0
+    with pytest.raises(ValueError):
+        ramp_w_per_min(flat, dt, 60.0, reference_w=flat[:-1])
+
+
+def test_a_compensated_demand_event_is_not_a_ramp() -> None:
+    """A crash 20 s in, filled by the storage so the grid stays flat, is no ramp: the history before the run is
+    the demand's first 10 s, not a copy of the crash."""
+    dt = 0.1
+    t = np.arange(0.0, 300.0, dt)
+    demand = np.where(t >= 20.0, 6.1e6, 15.4e6)
+    grid = np.full(t.size, 15.0e6)
+    assert np.abs(ramp_w_per_min(grid, dt, 60.0, reference_w=demand)).max() < 1e-3
+    assert band_rms_w(grid, dt, reference_w=demand) < 1e-3
+
+
+def test_pre_run_history_reflects_the_first_seconds() -> None:
+    p = np.arange(5.0)
+    assert pre_run_w(p, 12, 1.0).tolist() == [4, 3, 2, 1, 0, 1, 2, 3, 4, 3, 2, 1]  # oldest first, t = -k mirrors k
+    ref = np.array([1.0, 2.0, 1.0, 2.0, 1.0])
+    # the reference's swing (2, 1, 2 at t = -3, -2, -1), shifted by p - ref at the first tick (-1)
+    assert pre_run_w(p, 3, 1.0, ref).tolist() == [1.0, 0.0, 1.0]
+    long = np.arange(100.0)
+    assert pre_run_w(long, 25, 1.0).max() == 9.0  # only the first PRE_RUN_S = 10 s (10 samples) are reflected
+    assert pre_run_w(np.array([3.0]), 4, 1.0).tolist() == [3.0] * 4
 
 
 def test_overlimit_seconds() -> None:
@@ -261,9 +318,18 @@ def test_band_rms_nyquist_clip_and_short_series() -> None:
     short = a * np.sin(2 * np.pi * 1.0 * np.arange(0.0, 9.0, dt))  # under 1 / lo_hz = 10 s: not measurable
     assert band_rms_w(short, dt) == 0.0
     assert band_rms_w(a * np.sin(2 * np.pi * 1.0 * np.arange(0.0, 11.0, dt)), dt) > 0.5 * a
-    # a step at the first tick is in the band's measure (the edges are no longer left out)
-    stepped = np.where(np.arange(0.0, 200.0, dt) >= 1.0, 9.26e6, 10e6)
-    assert band_rms_w(stepped, dt) > 0.01 * 0.74e6
+    # a step the controller makes at the first tick is a step into the run: measured within the zero-phase
+    # filter's spread of the same step in mid-run, where a mirror of the whole series would shrink it to a spike
+    t400 = np.arange(0.0, 400.0, dt)
+    flat = np.full(t400.size, 10e6)
+    middle = band_rms_w(flat - np.where(t400 >= 150.0, 0.74e6, 0.0), dt, reference_w=flat)
+    first = flat - np.where(t400 >= dt, 0.74e6, 0.0)
+    assert 0.7 * middle < band_rms_w(first, dt, reference_w=flat) <= middle
+    assert band_rms_w(first, dt) < 0.5 * middle  # no reference: the run's own first seconds reflected
+    assert 0.9 * middle < band_rms_w(flat - np.where(t400 >= 1.0, 0.74e6, 0.0), dt, reference_w=flat) <= middle
+    # a demand swinging from its peak goes on swinging before the run: no switch-on is measured
+    demand = 10e6 + 2e6 * np.cos(2 * np.pi * 0.5 * t400)
+    assert band_rms_w(demand, dt, reference_w=demand) == pytest.approx(2e6 / math.sqrt(2), rel=1e-3)
     assert band_rms_w(np.sin(np.arange(100.0)), 1.0, 0.6, 2.0) == 0.0  # band above Nyquist
     assert band_rms_w(np.full(1000, 7e6), dt) == pytest.approx(0.0, abs=1e-6)  # DC is out of band
     with pytest.raises(ValueError):

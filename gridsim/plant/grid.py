@@ -241,7 +241,11 @@ class FrequencyReplay:
 # controller holding exactly at a limit is not charged for floating-point rounding.
 TOL_FRAC = 1e-6
 BAND_FILTER_ORDER = 4  # Butterworth order of the band-pass; applied forward and backward (zero phase)
-EDGE_PERIODS = 2.0  # band_rms_w leaves out this many periods of the lower band edge at each end
+EDGE_PERIODS = 2.0  # band_rms_w extends the series by this many periods of the lower band edge at each end
+# The demand's first seconds, reflected back in time, stand for its unknown history before the run: two of the
+# slowest training iterations (0.3-5 s, MODELS.md), so a swing goes on as it was, and short, so an event after them
+# is not copied into the past.
+PRE_RUN_S = 10.0
 
 
 def _lag(dt_s: float, window_s: float) -> int:
@@ -250,34 +254,72 @@ def _lag(dt_s: float, window_s: float) -> int:
     return max(1, round(window_s / dt_s))
 
 
-def ramp_w_per_min(p_w: FloatArray, dt_s: float, window_s: float) -> FloatArray:
+def pre_run_w(p_w: FloatArray, n: int, dt_s: float, reference_w: FloatArray | None = None) -> FloatArray:
+    """The `n` samples the metrics take to have come before the run, oldest first.
+
+    `reference_w` (the uncontrolled demand; default `p_w` itself) over its first PRE_RUN_S seconds, reflected back
+    in time as often as needed (t = -k dt mirrors t = k dt), plus p - reference held at its first value: what the
+    controller and the storage add stood where the first tick has it (the plant starts settled and hands-off).
+    A step at the first action is then a step into the run, and a swing that starts at its peak is not a level.
+    """
+    p = np.asarray(p_w, dtype=np.float64)
+    ref = p if reference_w is None else np.asarray(reference_w, dtype=np.float64)
+    if ref.shape != p.shape:
+        raise ValueError("reference_w must have the shape of p_w")
+    if p.shape[0] == 0 or n <= 0:
+        return np.zeros(max(n, 0))
+    m = max(1, min(round(PRE_RUN_S / dt_s), p.shape[0]))
+    if m == 1:
+        before = np.full(n, ref[0])
+    else:
+        back = np.arange(n, 0, -1) % (2 * (m - 1))  # samples before t = 0, oldest first, folded into one period
+        before = ref[np.where(back <= m - 1, back, 2 * (m - 1) - back)]
+    out: FloatArray = before + (p[0] - ref[0])
+    return out
+
+
+def window_means_w(
+    p_w: FloatArray, dt_s: float, window_s: float, reference_w: FloatArray | None = None, windows_before: int = 0
+) -> FloatArray:
+    """m(t): the trailing mean of `p_w` over window_s (rounded to whole samples) at every sample of the run, the
+    run preceded by `pre_run_w`; with `windows_before` k, also at the k·n samples before it (those first)."""
+    p = np.asarray(p_w, dtype=np.float64)
+    n = _lag(dt_s, window_s)
+    ext = np.concatenate([pre_run_w(p, (windows_before + 1) * n, dt_s, reference_w), p])
+    csum = np.concatenate([[0.0], np.cumsum(ext - (p[0] if p.shape[0] else 0.0))])
+    ends = np.arange(n + 1, ext.shape[0] + 1)  # csum index one past each window's last sample
+    out: FloatArray = (csum[ends] - csum[ends - n]) / n + (p[0] if p.shape[0] else 0.0)
+    return out  # windows ending at the k·n samples before the run, then at every tick
+
+
+def ramp_w_per_min(p_w: FloatArray, dt_s: float, window_s: float, reference_w: FloatArray | None = None) -> FloatArray:
     """The utility's ramp: change of the window-average power from one window to the next, per minute.
 
-    ramp(t) = (m(t) - m(t - W)) / W x 60 with m the trailing mean over W = round(window_s / dt_s) samples, defined
-    once two whole windows exist and 0 before (a run's first 2W are not measured: put transients after them).
-    Averaging over the window is what separates a ramp (a change of the level) from an oscillation around it, which
-    the band RMS measures; a step of dP shows as a peak ramp of dP / W.
+    ramp(t) = (m(t) - m(t - W)) / W x 60 with m the trailing mean over W = round(window_s / dt_s) samples.
+    Averaging over the window is what separates a ramp (a change of the level) from an oscillation around it,
+    which the band RMS measures; a step of dP shows as a peak ramp of dP / W. Measured from the first tick, the
+    windows reaching back before the run into `pre_run_w` (reference_w: the uncontrolled demand), so a step at the
+    first action counts like a step anywhere else; from 2W on it depends on the run alone.
     """
     p = np.asarray(p_w, dtype=np.float64)
     n = _lag(dt_s, window_s)
-    out = np.zeros(p.shape[0])
-    if p.shape[0] < 2 * n:
-        return out
-    csum = np.concatenate([[0.0], np.cumsum(p - p[0])])
-    ends = np.arange(2 * n, p.shape[0] + 1)  # csum index one past the window's last sample
-    mean_now = (csum[ends] - csum[ends - n]) / n
-    mean_before = (csum[ends - n] - csum[ends - 2 * n]) / n
-    out[2 * n - 1 :] = (mean_now - mean_before) * (60.0 / (n * dt_s))
+    means = window_means_w(p, dt_s, window_s, reference_w, windows_before=1)  # (n + N,)
+    out: FloatArray = (means[n:] - means[:-n]) * (60.0 / (n * dt_s)) if p.shape[0] else np.zeros(0)
     return out
 
 
 def ramp_violation_s(
-    p_w: FloatArray, dt_s: float, window_s: float, limit_w_per_min: float, tol_frac: float = TOL_FRAC
+    p_w: FloatArray,
+    dt_s: float,
+    window_s: float,
+    limit_w_per_min: float,
+    tol_frac: float = TOL_FRAC,
+    reference_w: FloatArray | None = None,
 ) -> float:
-    """Seconds (samples x dt) with |ramp over the window| > limit x (1 + tol_frac)."""
+    """Seconds (samples x dt) with |ramp over the window| > limit x (1 + tol_frac) (`ramp_w_per_min`)."""
     if math.isinf(limit_w_per_min):
         return 0.0
-    ramp = ramp_w_per_min(p_w, dt_s, window_s)
+    ramp = ramp_w_per_min(p_w, dt_s, window_s, reference_w)
     return float(np.count_nonzero(np.abs(ramp) > limit_w_per_min * (1.0 + tol_frac))) * dt_s
 
 
@@ -294,16 +336,18 @@ def effective_band_hz(dt_s: float, lo_hz: float = 0.1, hi_hz: float = 20.0) -> t
     return min(lo_hz, nyq), min(hi_hz, nyq)
 
 
-def band_rms_w(p_w: FloatArray, dt_s: float, lo_hz: float = 0.1, hi_hz: float = 20.0) -> float:
+def band_rms_w(
+    p_w: FloatArray, dt_s: float, lo_hz: float = 0.1, hi_hz: float = 20.0, reference_w: FloatArray | None = None
+) -> float:
     """RMS of `p_w` after a zero-phase Butterworth band-pass [lo_hz, hi_hz].
 
     Order 4, run forward and backward (sosfiltfilt): magnitude response squared, −6 dB at the edges. The
     series cannot hold anything above Nyquist (1 / (2 dt): 5 Hz at dt 0.1 s), so when hi_hz ≥ Nyquist the
     upper edge is dropped and the filter is a high-pass at lo_hz (everything the series can show above
-    lo_hz). The series is extended by its mirror image over EDGE_PERIODS / lo_hz seconds (20 s at 0.1 Hz;
-    1/hi_hz periods for a low-pass) at each end, where the filter's own edge transients decay (a mirror
-    continues a steady swing without a jump: an out-of-band sine leaks < 0.5 % of its RMS), and every sample of
-    the run is in the mean: a step at the start or the end of the run is measured like any other.
+    lo_hz). Every sample of the run is in the mean; the filter's edge transients decay in an extension of
+    EDGE_PERIODS / lo_hz seconds (20 s at 0.1 Hz; 1/hi_hz periods for a low-pass) at each end: before the run
+    `pre_run_w` (reference_w: the uncontrolled demand), so a step at the first action is a step into the run; after
+    it the run's mirror image (a steady swing goes on without a jump).
 
     Returns 0.0 when the band cannot be measured: lo_hz at or above Nyquist, or a series shorter than one period
     of the lower edge (10 s at 0.1 Hz). 0.0 then means "not measurable", not "measured zero".
@@ -315,7 +359,8 @@ def band_rms_w(p_w: FloatArray, dt_s: float, lo_hz: float = 0.1, hi_hz: float = 
     nyq = 0.5 * fs
     if lo_hz >= nyq or p.size == 0:
         return 0.0
-    x = p - p.mean()
+    mean = p.mean()
+    x = p - mean
     if lo_hz == 0.0 and hi_hz >= nyq:
         return float(np.sqrt(np.mean(np.square(x))))
     slow_hz = lo_hz if lo_hz > 0.0 else hi_hz
@@ -329,7 +374,10 @@ def band_rms_w(p_w: FloatArray, dt_s: float, lo_hz: float = 0.1, hi_hz: float = 
         sos = butter(BAND_FILTER_ORDER, [lo_hz, hi_hz], btype="bandpass", fs=fs, output="sos")
     if p.size < period:
         return 0.0
-    y = sosfiltfilt(sos, x, padtype="even", padlen=min(edge, p.size - 1))
+    pad = min(edge, p.size - 1)
+    before = pre_run_w(p, edge, dt_s, reference_w) - mean
+    after = x[-2 : -pad - 2 : -1]  # the mirror image: a steady swing goes on without a jump
+    y = sosfiltfilt(sos, np.concatenate([before, x, after]), padtype=None)[edge : edge + p.size]
     return float(np.sqrt(np.mean(np.square(y))))
 
 

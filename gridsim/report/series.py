@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gridsim.engine import SimResult
+from gridsim.plant.grid import window_means_w
 from gridsim.plant.workload import JobState
 
 FloatArray = npt.NDArray[np.float64]
@@ -49,20 +50,24 @@ def trailing_mean(x: FloatArray, n: int) -> FloatArray:
 def ramp_envelope_w(res: SimResult) -> tuple[FloatArray, FloatArray, FloatArray]:
     """The trailing window mean m(t) of grid import and the band the ramp limit allows it.
 
-    The ramp metric is |m(t) − m(t − W)| / W; it holds while m(t) stays within m(t − W) ± L·W (L the ramp limit per
-    second, W the window). Returns (m, low, high), each (n_ticks,); NaN where not defined (before 2W, or no limit).
+    The ramp metric is |m(t) − m(t − W)| / W (gridsim.plant.grid.ramp_w_per_min, demand as its reference, the
+    windows reaching back before the run into `pre_run_w`); it holds while m(t) stays within m(t − W) ± L·W (L the
+    ramp limit per second, W the window). Returns (m, low, high), each (n_ticks,), from the first tick; low and
+    high NaN where there is no limit.
     """
     grid = res.tick["grid_w"]
-    n = max(1, round(res.site.ramp_window_s / res.tick_s))
-    mean = trailing_mean(grid, n)
+    window_s = res.site.ramp_window_s
+    n = max(1, round(window_s / res.tick_s))
+    means = window_means_w(grid, res.tick_s, window_s, res.tick["demand_w"], windows_before=1)
+    mean = means[n:]
     low = np.full(grid.shape, np.nan)
     high = np.full(grid.shape, np.nan)
     limit = res.site.ramp_limit_w_per_min
-    if math.isfinite(limit) and grid.size >= 2 * n:
+    if math.isfinite(limit) and grid.size:
         allowed_w = limit / 60.0 * n * res.tick_s
-        prev = mean[n - 1 : -n]  # m(t − W) for every t from 2W on
-        low[2 * n - 1 :] = prev - allowed_w
-        high[2 * n - 1 :] = prev + allowed_w
+        prev = means[:-n]  # m(t − W)
+        low[:] = prev - allowed_w
+        high[:] = prev + allowed_w
     return mean, low, high
 
 
