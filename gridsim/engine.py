@@ -261,6 +261,7 @@ class Simulation:
         bbu_eff = math.sqrt(self.bbus.round_trip_eff)
         min_ride_through_s = math.inf
         any_bbu = bool(has_bbu.any())
+        bbu_window = self.bbus.soc_max_frac - self.bbus.soc_min_frac
         if not any_bbu:
             tick["bbu_soc_min_frac"][:] = np.nan
             tick["bbu_soc_mean_frac"][:] = np.nan
@@ -382,8 +383,9 @@ class Simulation:
             burn = np.maximum(draw - np.minimum(demand, self.gpus.cap_w), 0.0)
             tick["floor_burn_w"][k] = float(active_over_eff @ burn)
             tick["bbu_w"][k] = float(np.add.reduce(self.bbus.discharge_w) - np.add.reduce(self.bbus.recharge_w))
+            rack_soc = self.bbus.soc_frac  # a property that computes: once a tick, shared with the period record
             if any_bbu:
-                bbu_soc = self.bbus.soc_frac[has_bbu]
+                bbu_soc = rack_soc[has_bbu]
                 tick["bbu_soc_min_frac"][k] = bbu_soc.min()
                 tick["bbu_soc_mean_frac"][k] = bbu_soc.mean()
 
@@ -403,13 +405,13 @@ class Simulation:
                     period["job_state"][p] = self.workload.job_state
                 period["rack_w"][p] = grid_rack_w[rec_r]
                 period["rack_cap_w"][p] = self.gpus.cap_w[rec_r]
-                period["bbu_soc_min_frac"][p] = self.bbus.soc_frac.min() if site.n_racks else np.nan
-                bbu_turns.update(self.bbus.soc_frac)
+                period["bbu_soc_min_frac"][p] = rack_soc.min() if site.n_racks else np.nan
+                bbu_turns.update(rack_soc)
                 loaded_r = rack_w > 0
                 if loaded_r.any():
                     ride = np.where(has_bbu, self.bbus.stored_j * bbu_eff, 0.0)[loaded_r] / rack_w[loaded_r]
                     min_ride_through_s = min(min_ride_through_s, float(ride.min()))
-                period["bbu_soc_mean_frac"][p] = self.bbus.soc_frac.mean() if site.n_racks else np.nan
+                period["bbu_soc_mean_frac"][p] = rack_soc.mean() if site.n_racks else np.nan
                 if progress is not None:
                     now = time.perf_counter()
                     if now - last_progress > 0.5:
@@ -430,12 +432,11 @@ class Simulation:
             "tray_energy_in_j": float(np.sum(self.trays.energy_in_j)),
             "tray_energy_out_j": float(np.sum(self.trays.energy_out_j)),
             "bbu_fault_drained_j": self.faults.drained_j,
-            "bbu_usable_j": float(np.sum((self.bbus.soc_max_frac - self.bbus.soc_min_frac) * self.bbus.capacity_j)),
+            "bbu_usable_j": float(np.sum(bbu_window * self.bbus.capacity_j)),
         }
-        window = self.bbus.soc_max_frac - self.bbus.soc_min_frac
-        worst = float(bbu_turns.cycles_per_rack(window).max(initial=0.0))
-        storage["bbu_equivalent_cycles_max"] = worst if has_bbu.any() else math.nan
-        storage["bbu_min_ride_through_s"] = min_ride_through_s if has_bbu.any() else math.nan
+        worst = float(bbu_turns.cycles_per_rack(bbu_window).max(initial=0.0))
+        storage["bbu_equivalent_cycles_max"] = worst if any_bbu else math.nan
+        storage["bbu_min_ride_through_s"] = min_ride_through_s if any_bbu else math.nan
         trips = [(float(ts), site.domain_name[d]) for ts, d in self.breakers.trip_log]
         return SimResult(
             scenario=sc.name,
