@@ -21,20 +21,11 @@ import numpy as np
 import numpy.typing as npt
 import rainflow
 
+from dimmer.wear import DAY_S, XU_K1, XU_K2, XU_K3, depth_weight
+
 FloatArray = npt.NDArray[np.float64]
 
-XU_K1, XU_K2, XU_K3 = 1.40e5, -0.501, -1.23e5
-DAY_S = 86400.0
-
-
-def depth_weight(depth_frac: FloatArray | float) -> FloatArray:
-    """Full-cycle equivalents of one cycle of each depth (a fraction of the usable window, clipped to [0, 1])."""
-    d = np.clip(np.asarray(depth_frac, dtype=np.float64), 0.0, 1.0)
-    with np.errstate(divide="ignore"):
-        stress = XU_K1 * np.power(d, XU_K2) + XU_K3  # 1 / Phi(d): inf at d = 0
-    full = XU_K1 + XU_K3
-    out: FloatArray = np.where(d > 0, full / stress, 0.0)
-    return out
+__all__ = ["DAY_S", "XU_K1", "XU_K2", "XU_K3", "SocTurningPoints", "depth_weight", "equivalent_cycles"]
 
 
 def equivalent_cycles(soc_frac: npt.ArrayLike, window_frac: float = 1.0) -> float:

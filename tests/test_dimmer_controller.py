@@ -416,3 +416,17 @@ def test_the_battery_does_not_chase_a_spike_no_rack_confirms(check_frac: float) 
     else:
         assert act.bess_setpoint_w > 0.5 * true_w  # most of the phantom load
     assert act.rack_cap_w.min() == site.gpu.rated_w  # and nobody is capped for it either way
+
+
+# -- issue #11: floors pay only for falls ----------------------------------------------------------------------
+
+
+def test_an_offline_battery_low_on_charge_raises_no_floors() -> None:
+    """The battery is offline at 20 % SoC: its recovery pull must not become a 'fall' for floors to fill (it takes
+    nothing, so floors would burn energy on every GPU for a charge that never happens)."""
+    site = _site(bess_mw=2.0)
+    ctrl = make_controller("dimmer", site, {})
+    for k in range(1, 41):
+        act = ctrl.step(_obs(site, float(k), 700.0, bess_online=False, bess_soc_frac=0.2))
+        assert act.rack_floor_w.max() == 0.0, k
+        assert act.bess_setpoint_w == 0.0

@@ -229,7 +229,8 @@ class DimmerController:
         forecast = float(self.forecast.update(np.array([bus_w]), dt)[0])
         b = site.bess
         soc_pull = 0.0
-        if b.energy_j > 0 and math.isfinite(obs.bess_soc_frac):
+        # (an offline battery takes nothing: a pull toward its SoC target would be a fall for the floors to fill)
+        if b.energy_j > 0 and obs.bess_online and math.isfinite(obs.bess_soc_frac):
             usable = (b.soc_max_frac - b.soc_min_frac) * b.energy_j
             soc_pull = (p.bess_soc_target_frac - obs.bess_soc_frac) * usable / p.bess_soc_recovery_s
             soc_pull = float(np.clip(soc_pull, -b.power_w, b.power_w))
@@ -256,7 +257,8 @@ class DimmerController:
         # half the margin: the leaky integral forgets a burst faster than the utility's two-window difference does
         slack_w = 0.5 * (1.0 - p.ramp_margin_frac) * site.ramp_limit_w_per_min * window / 60.0
         grid_cut = max(over_w, 0.0) if self.excess_j / window > slack_w else 0.0
-        fill_w = max(-gap - charge_w, 0.0)
+        # what the battery cannot take of a fall (not of its own SoC recovery, which floors must never pay for)
+        fill_w = max(-gap - max(soc_pull, 0.0) - charge_w, 0.0)
 
         # 2. progressive capping --------------------------------------------------------------------------------
         # Breakers heat with I^2 t: below the campus each domain is held on the RMS of its load over recent
