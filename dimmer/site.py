@@ -17,7 +17,7 @@ import scipy.sparse as sp
 
 from dimmer.errors import InputError
 from dimmer.gpus import GPU_PRESETS, GpuSpec
-from dimmer.siteconfig import LEVEL_ORDER, JobPlacementSpec, SiteSpec
+from dimmer.siteconfig import LEVEL_ORDER, BbuSpec, JobPlacementSpec, SiteSpec, TraySpec
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -140,6 +140,41 @@ def _level_names(counts: list[int], prefixes: list[str]) -> list[list[str]]:
     return names
 
 
+BBU_MODULE_W = 12e3  # OCP ORv3 HPR BBU module
+TRAY_SWING_FRAC = 0.3  # a tray covers this share of its GPUs' rated power: the iteration swing (30-40 %)
+# the ORv3 33 kW shelf recharges at 3 kW: the recharge keeps that share of the shelf's power
+BBU_RECHARGE_FRAC = 3.0 / 33.0
+
+
+def size_bbu(bbu: BbuSpec, rack_full_w: float) -> tuple[float, float, float]:
+    """(power W, energy J, recharge W) of one rack's BBU shelf: the configured value, or sized from the rack.
+
+    `rack_full_w` is the rack's IT load at full draw (every GPU at rated, the host): the shelf carries it in whole
+    12 kW modules and stores `hold_up_s` of it after discharge losses (sqrt of the round trip), so a full shelf
+    rides through exactly its rated hold-up at full draw.
+    """
+    if bbu.kw_per_rack is not None:
+        power_w = bbu.kw_per_rack * 1e3
+    else:
+        power_w = math.ceil(rack_full_w / BBU_MODULE_W - 1e-9) * BBU_MODULE_W
+    if bbu.kwh_per_rack is not None:
+        energy_j = bbu.kwh_per_rack * 3.6e6
+    else:
+        energy_j = min(power_w, rack_full_w) * bbu.hold_up_s / math.sqrt(bbu.round_trip_eff)
+    if bbu.recharge_kw_per_rack is not None:
+        recharge_w = bbu.recharge_kw_per_rack * 1e3
+    else:
+        recharge_w = BBU_RECHARGE_FRAC * power_w
+    return power_w, energy_j, recharge_w
+
+
+def size_tray_w(tray: TraySpec, gpu: GpuSpec, gpus_per_rack: int) -> float:
+    """One rack's capacitor tray power (W): the configured value, or TRAY_SWING_FRAC of its GPUs at rated."""
+    if tray.kw_per_rack is not None:
+        return tray.kw_per_rack * 1e3
+    return TRAY_SWING_FRAC * gpus_per_rack * gpu.rated_w
+
+
 def build_site(spec: SiteSpec, jobs: Sequence[JobPlacementSpec] | None = None, source: str = "site") -> SiteModel:
     """Arrays for the tree that `spec` describes, with `jobs` placed on its racks.
 
@@ -197,12 +232,13 @@ def build_site(spec: SiteSpec, jobs: Sequence[JobPlacementSpec] | None = None, s
 
     st = spec.storage
     ones = np.ones(n_racks)
+    bbu_power_w, bbu_energy_j, bbu_recharge_w = size_bbu(st.bbu, rack_dc_max)
     rack_storage = RackStorageRatings(
         tray_energy_j=ones * st.tray.j_per_gpu * spec.gpus_per_rack,
-        tray_power_w=ones * st.tray.kw_per_rack * 1e3,
-        bbu_power_w=ones * st.bbu.kw_per_rack * 1e3,
-        bbu_energy_j=ones * st.bbu.kwh_per_rack * 3.6e6,
-        bbu_recharge_w=ones * st.bbu.recharge_kw_per_rack * 1e3,
+        tray_power_w=ones * size_tray_w(st.tray, gpu, spec.gpus_per_rack),
+        bbu_power_w=ones * bbu_power_w,
+        bbu_energy_j=ones * bbu_energy_j,
+        bbu_recharge_w=ones * bbu_recharge_w,
         bbu_round_trip_eff=st.bbu.round_trip_eff,
         bbu_soc_min_frac=st.bbu.soc_min_frac,
         bbu_soc_max_frac=st.bbu.soc_max_frac,

@@ -75,21 +75,32 @@ class PccSpec(Strict):
 
 
 class TraySpec(Strict):
-    """Capacitor trays in each rack's power shelves (NVIDIA GB300: ~65 J per GPU)."""
+    """Capacitor trays in each rack's power shelves (NVIDIA GB300: ~65 J per GPU).
+
+    `kw_per_rack` left out is sized from the rack: 30 % of its GPUs at rated power, the iteration swing a tray
+    smooths (30-40 % at campus level); a GB300 NVL72 gets 30.2 kW.
+    """
 
     j_per_gpu: float = Field(default=65.0, ge=0)
-    kw_per_rack: float = Field(default=30.0, ge=0)
+    kw_per_rack: float | None = Field(default=None, ge=0)
 
 
 class BbuSpec(Strict):
-    """Rack battery backup units (OCP ORv3 high-power shelf: 33 kW for 90 s)."""
+    """Rack battery backup units (OCP ORv3 HPR: shelves of 12 kW BBU modules, the rack carried at full draw for its
+    rated hold-up of 90 s).
 
-    kw_per_rack: float = Field(default=33.0, ge=0)
-    kwh_per_rack: float = Field(default=33.0 * 90 / 3600, ge=0)
+    Left out, the ratings are sized from the rack preset (dimmer.site.size_bbu): power in whole 12 kW modules to
+    carry the rack's full draw, energy for 90 s of it after discharge losses, recharge at the 33 kW shelf's ratio of
+    3 kW. A GB300 NVL72 (132.5 kW at full draw) gets 144 kW, 3.45 kWh and a 13.1 kW recharge.
+    """
+
+    kw_per_rack: float | None = Field(default=None, ge=0)
+    kwh_per_rack: float | None = Field(default=None, ge=0)
+    hold_up_s: float = Field(default=90.0, gt=0, le=3600)  # rated ride-through at full rack draw (ORv3: 90 s)
     round_trip_eff: float = Field(default=0.92, gt=0, le=1)
-    soc_min_frac: float = Field(default=0.5, ge=0, lt=1)  # keeps ride-through reserve for an outage
+    soc_min_frac: float = Field(default=0.5, ge=0, lt=1)  # the least SoC peak shaving may leave; an outage uses all
     soc_max_frac: float = Field(default=1.0, gt=0, le=1)
-    recharge_kw_per_rack: float = Field(default=3.0, ge=0)
+    recharge_kw_per_rack: float | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def _window(self) -> BbuSpec:

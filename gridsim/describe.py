@@ -135,9 +135,9 @@ def storage_text(site: SiteModel) -> str:
         [
             "rack BBUs",
             f"{n:,}",
-            f"{st.bbu_power_w[0] / 1e3:g} kW, {st.bbu_energy_j[0] / 3.6e6:g} kWh" if n else "–",
+            f"{st.bbu_power_w[0] / 1e3:g} kW, {st.bbu_energy_j[0] / 3.6e6:.3g} kWh" if n else "–",
             f"{bbu_j / 3.6e6:,.1f} kWh, {fmt_power_w(bbu_w)}; SoC {_pct(st.bbu_soc_min_frac)} – "
-            f"{_pct(st.bbu_soc_max_frac)} (the floor is ride-through reserve)",
+            f"{_pct(st.bbu_soc_max_frac)} (the floor: the least peak shaving leaves)",
         ],
     ]
     if b.energy_j > 0 and b.power_w > 0:

@@ -115,9 +115,17 @@ def test_describe_gives_the_site_levels_ratings_and_oversubscription(
 def test_describe_gives_storage_jobs_and_events(small: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["describe", str(small)]) == 0
     out = capsys.readouterr().out
-    assert _line(out, "capacitor trays")[1:] == ["20", "65 J per GPU, 30 kW", f"{20 * 72 * 65 / 1e6:.2f} MJ, 600.0 kW"]
+    # sized from the GB300 NVL72 rack (docs/models.md): trays 30 % of 72 x 1,400 W; the BBU shelf carries the rack's
+    # 72 x (1,400 + 440) W = 132.48 kW in 12 modules of 12 kW and stores 90 s of it after sqrt(0.92) of loss
+    assert _line(out, "capacitor trays")[1:] == [
+        "20",
+        "65 J per GPU, 30.24 kW",
+        f"{20 * 72 * 65 / 1e6:.2f} MJ, 604.8 kW",
+    ]
+    bbu_kwh = 132.48 * 90 / 3600 / 0.92**0.5
     bbu = _line(out, "rack BBUs")
-    assert bbu[1:3] == ["20", "33 kW, 0.825 kWh"] and bbu[3].startswith(f"{20 * 0.825:.1f} kWh, 660.0 kW")
+    assert bbu[1:3] == ["20", f"144 kW, {bbu_kwh:.3g} kWh"], bbu
+    assert bbu[3].startswith(f"{20 * bbu_kwh:.1f} kWh, 2.88 MW"), bbu
     bess = _line(out, "campus BESS")
     assert bess[1:3] == ["1", "500.0 kW / 0.2 MWh"]
     assert "starts at 50 % (0.08 MWh above its floor)" in bess[3]  # 0.2 MWh × (0.5 − 0.1)

@@ -43,7 +43,7 @@ from dimmer.observation import Actions, Observation
 from dimmer.site import SiteModel
 from gridsim.engine import SimResult, Simulation
 from gridsim.metrics import summarize
-from gridsim.plant.grid import overlimit_s
+from gridsim.plant.grid import overlimit_s, ramp_w_per_min
 from gridsim.scenario import LoadedScenario, load_scenario
 from gridsim.serve import BATTERY_UNIT, FIRST_RACK_UNIT, METER_UNIT, PlantServer
 
@@ -212,14 +212,32 @@ def run_served(tmp_path: Path, duration_s: float, script: Script) -> Served:
     return asyncio.run(go())
 
 
+def ramp_over_s(res: SimResult, outside: tuple[float, float] | None = None) -> float:
+    """Seconds over the ramp limit (as summary.json counts them), leaving out the ticks in `outside`."""
+    site, dt = res.site, res.tick_s
+    ramps = ramp_w_per_min(res.tick["grid_w"], dt, site.ramp_window_s, reference_w=res.tick["demand_w"])
+    over = np.abs(ramps) > site.ramp_limit_w_per_min * (1.0 + 1e-3)
+    if outside is not None:
+        over &= ~((res.t_s >= outside[0]) & (res.t_s < outside[1]))
+    return float(np.count_nonzero(over)) * dt
+
+
 def assert_limits_held(
-    run: Served, *, pcc_from: float = SETTLED_S, pcc_except: tuple[float, float] | None = None
+    run: Served,
+    *,
+    pcc_from: float = SETTLED_S,
+    pcc_except: tuple[float, float] | None = None,
+    ramp_except: tuple[float, float] | None = None,
 ) -> None:
-    """No breaker tripped, no ramp violation, and the grid import under the interconnect limit from `pcc_from` on
-    (outside `pcc_except`, a window the daemon could not act in)."""
+    """No breaker tripped, no ramp violation (outside `ramp_except`: a step nobody controlled, as long as the
+    utility's window measures it), and the grid import under the interconnect limit from `pcc_from` on (outside
+    `pcc_except`, a window the daemon could not act in)."""
     s, res = run.summary, run.res
     assert s["breaker_trips"] == 0
-    assert s["ramp_violation_s"] == 0.0, s["max_ramp_mw_per_min"]
+    if ramp_except is None:
+        assert s["ramp_violation_s"] == 0.0, s["max_ramp_mw_per_min"]
+    else:
+        assert ramp_over_s(res, ramp_except) == 0.0, s["max_ramp_mw_per_min"]
     if pcc_except is None:
         assert pcc_overlimit_s(res, pcc_from) == 0.0, overlimit_times(res)
     else:
@@ -311,7 +329,12 @@ def test_server_outage_daemon_keeps_cycling_flags_goes_safe_and_recovers(
     # Limits: kept throughout. Between the lapse and the recovery nobody controls the plant (the lapsed lease also
     # turns the BBUs to backup only, so the swing's peaks reach the grid): the racks' own fallback cap is sized to
     # keep every rack at it within the interconnect limit as well as the breakers (was 3.5 s over, 0.86 MW / 0.85).
-    assert_limits_held(run)
+    # The fallback itself is one step nobody controls: with the BBUs backup units, full (issue #11), none absorbs
+    # it, and the battery has reverted: the utility's 10 s window sees it for that long (measured 3.3 s over the
+    # 0.5 MW/min limit, at 0.60 MW/min; before issue #11 BBUs kept half-empty by shaving every peak absorbed it).
+    lapse_s = t_fault + LEASE_S
+    assert_limits_held(run, ramp_except=(lapse_s - PERIOD_S, lapse_s + run.res.site.ramp_window_s + 2.0 * PERIOD_S))
+    assert run.summary["max_ramp_mw_per_min"] < 0.5 * 1.3  # the step: within 30 % of the limit
     assert_no_rise_before_stale(run, t_fault, s["cap_at_fault"], "every device stopped answering")
 
 
@@ -403,7 +426,12 @@ def test_server_process_killed_and_restarted_on_the_same_port(tmp_path: Path) ->
     served = json.loads((tmp_path / "plant2" / "serve.json").read_text())
     summary = json.loads((tmp_path / "plant2" / "summary.json").read_text())
     assert served["writes"] >= 30 and served["writes_refused"] == 0 and served["lease_expiries"] == 0
-    assert summary["breaker_trips"] == 0 and summary["ramp_violation_s"] == 0.0
+    assert summary["breaker_trips"] == 0
+    # The new plant's first period runs hands-off (every GPU at rated) and its first control point brings the caps
+    # the daemon decided on stale readings: a step nobody could ramp, which BBUs kept half-empty by shaving every peak
+    # used to absorb before issue #11 (they are backup units now, full): the utility's 10 s window sees it for at
+    # most that long (measured 0-3 s, by the timing of the kill).
+    assert summary["ramp_violation_s"] <= 10.0  # the scenario's ramp_window_s
     # The daemon's filters carried over: the new plant is held under its interconnect limit from its first control
     # point on (its first period runs hands-off, as every run's does), where a fresh start takes ~16 s to settle.
     ts = np.genfromtxt(tmp_path / "plant2" / "timeseries.csv", delimiter=",", names=True)

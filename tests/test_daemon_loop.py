@@ -500,7 +500,9 @@ def test_audit_log_records_decisions_and_writes(tmp_path: Path) -> None:
         assert row0["racks"] == [0, 8] and row0["ok"] is True
         assert sum(c for _, c in row0["cap_w"]) == 8  # run-length encoded caps cover the 8 racks
         # an overloaded campus (2.1 MW on a 2 MW interconnect): the controller said why it cut
-        assert any(r["layer"] in ("grid", "capping", "emergency") for x in lines[:3] for r in x["reasons"])
+        assert any(
+            r["layer"] in ("grid", "capping", "emergency", "rack-storage") for x in lines[:3] for r in x["reasons"]
+        )
         assert lines[-1]["event"] == "stop"
         # a battery write carries what went on the wire: the model, its scale factor, every request's raw words
         bess = next(w for w in first["writes"] if w["device"] == "bess")

@@ -35,9 +35,15 @@ def test_dimmer_holds_every_limit_on_the_first_ten_minutes(path: Path) -> None:
     assert s["ramp_violation_s"] == 0.0
 
 
-def test_swing_reaches_the_grid_at_most_a_third() -> None:
+def test_the_swing_is_never_amplified_and_the_bbus_stay_backup_units() -> None:
+    """On the 8k-GPU swing the rack BBUs no longer shave every iteration (that kept the grid's in-band RMS under a
+    third of demand's at 376 depth-weighted cycles a day and 19 s of ride-through): the BBUs stay within their
+    budget and reserve, and what reaches the grid is never more than the raw demand's swing (a battery chasing 1 s
+    readings would amplify it)."""
     s = summarize(run(load_scenario(SCENARIOS / "swing-8k.toml", ["duration_s=600"]), controller="dimmer"))
-    assert s["band_rms_mw"] <= s["demand_band_rms_mw"] / 3
+    assert s["band_rms_mw"] <= s["demand_band_rms_mw"]
+    assert s["bbu_cycles_per_day"] <= 1.0
+    assert s["min_bbu_ride_through_s"] >= 60.0
 
 
 def test_oversubscribed_row_costs_less_goodput_than_dynamo_and_hard_stop() -> None:

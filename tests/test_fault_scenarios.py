@@ -40,42 +40,53 @@ class Bound:
 
 HELD = Bound()  # every limit held, no goodput lost beyond noise (measured 0.002-0.003 %)
 
-# file name -> bounds (measured with dimmer, then a margin; see docs/reliability.md for the figures)
+# file name -> bounds (measured with dimmer, then a margin; see docs/reliability.md for the figures). Since issue
+# #11 the rack BBUs are backup units first (shaving every iteration had cost 43-322 depth-weighted cycles a day and
+# left 12-22 s of ride-through; now at most ~1 a day and 101 s), and the interconnect is held on the racks' bound
+# (their peak readings plus the 15 % a swing may hide, at most their enforced caps): the battery takes that bound on
+# at the ramp rate and the caps meanwhile, so curtailments cost goodput where the BBUs used to pay in cycles.
 EXPECTED: dict[str, Bound] = {
-    # telemetry: a stale PCC meter is seen as stale; the curtailment is still met, at a goodput cost (measured 5.8 %)
-    "pcc-stale": Bound(goodput_loss_pct=7.0),
+    # telemetry: a stale PCC meter is seen as stale; the curtailment is still met, at a goodput cost (measured 7.4 %;
+    # 5.8 % before issue #11)
+    "pcc-stale": Bound(goodput_loss_pct=8.5),
     # a stuck meter looks fresh, but repeats itself while the racks move: the racks stand in and every limit holds
-    # (measured 5.3 % lost; 143 s over the ramp limit and 9.4 % lost before the plausibility check)
+    # (measured 4.3 % lost; 143 s over the ramp limit and 9.4 % lost before the plausibility check)
     "meter-stuck": Bound(goodput_loss_pct=6.3),
     "racks-nan-row": Bound(goodput_loss_pct=8.5),  # measured 7.0 %
-    # a 2x reading no rack confirms is not believed (100 s over the ramp limit before the plausibility check)
-    "meter-spike": HELD,
-    # an under-reading meter is caught once past the tolerance and the racks stand in (measured 2.6 % lost; before
+    # a 2x reading no rack confirms is not believed (100 s over the ramp limit before the plausibility check;
+    # measured 0.54 % lost to the curtailment's ramp-in)
+    "meter-spike": Bound(goodput_loss_pct=0.7),
+    # an under-reading meter is caught once past the tolerance and the racks stand in (measured 1.9 % lost; before
     # the plausibility check 563-575 s over the curtailed limit, by up to 0.39 MW)
     "meter-drift": Bound(goodput_loss_pct=3.1),
-    # actuation: the healthy rows are shed harder and the limit holds (measured 3.6 %, 3.9 %, 7.1 % lost)
-    "cap-writes-lost-row": Bound(goodput_loss_pct=4.3),
+    # actuation: the healthy rows are shed harder and the limit holds; the rows that cannot be capped count at the
+    # caps their GPUs report, not the ones sent (measured 6.1 %, 2.2 %, 9.6 % lost)
+    "cap-writes-lost-row": Bound(goodput_loss_pct=7.0),
     "firmware-ignores-caps-row": Bound(goodput_loss_pct=4.7),
-    "agents-down-row": Bound(goodput_loss_pct=8.5),
-    # every command 10 s late: the curtailment is met late (measured 50 s over, by at most 0.16 MW; 8.4 % lost)
-    "commands-delayed": Bound(overlimit_s=60.0, excess_mw=0.2, goodput_loss_pct=9.0),
+    "agents-down-row": Bound(goodput_loss_pct=11.0),
+    # every command 10 s late: the battery's setpoint is late too, and the caps the GPUs report lag the ones sent
+    # (measured 3.1 s over by at most 0.03 MW, 1.6 s over the ramp limit, 13.5 % lost; before issue #11: 50 s over
+    # by up to 0.16 MW, 8.4 % lost)
+    "commands-delayed": Bound(overlimit_s=4.0, excess_mw=0.05, ramp_s=2.5, goodput_loss_pct=15.0),
     # storage: the crash at 300 s is ridden through without the failed store
     "bess-offline": HELD,
-    # the restart surge at 420 s arrives between two control periods (measured 1.3 s over, by 0.85 MW)
-    "bbu-failed": Bound(overlimit_s=1.5, excess_mw=1.0),
+    # the restart surge at 420 s arrives between two control periods with no BBU to shield it (measured 0.4 s over,
+    # by 1.0 MW; 1.3 s, 0.97 MW before issue #11)
+    "bbu-failed": Bound(overlimit_s=1.6, excess_mw=1.1),
     "bbu-empty": HELD,
     "trays-disabled": HELD,
     # load
     "all-jobs-crash": HELD,
     "mass-restart": HELD,
-    # the return from backup is one step of the whole campus: the ramp limit cannot hold (measured 193 s). The PCC
+    # the return from backup is one step of the whole campus: the ramp limit cannot hold (measured 192 s). The PCC
     # reads 0 on backup while the racks run: the check plans on the racks, so the return finds the battery ready
     # (measured 0 s over; 1.1 s, 1.22 MW before the plausibility check)
     "backup-transfer": Bound(ramp_s=200.0),
     # grid
-    "curtailment": Bound(goodput_loss_pct=4.8),  # measured 4.5 %
+    "curtailment": Bound(goodput_loss_pct=7.0),  # measured 6.2 % (4.5 % with the BBUs shaving, before issue #11)
     "frequency-step": HELD,
-    "hot-day-derate": Bound(goodput_loss_pct=5.1),  # measured 4.3 %
+    # measured 6.4 % (4.3 % with the BBUs shaving the hall's peaks at 322 cycles a day, before issue #11)
+    "hot-day-derate": Bound(goodput_loss_pct=7.5),
 }
 
 

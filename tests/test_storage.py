@@ -12,9 +12,13 @@ from dimmer.site import SiteModel, build_site
 from dimmer.siteconfig import SiteSpec
 from gridsim.plant.storage import CampusBess, CapacitorTrays, RackBbus
 
+# the ORv3 33 kW shelf (90 s at 33 kW, 3 kW recharge): the closed forms below are written for it
+SHELF_33KW = {"bbu": {"kw_per_rack": 33.0, "kwh_per_rack": 0.825, "recharge_kw_per_rack": 3.0}}
+
 
 def _site(racks: int = 2, storage: dict[str, Any] | None = None) -> SiteModel:
-    """GB300 NVL72 racks with the default storage (tray 65 J/GPU, 30 kW; BBU 33 kW for 90 s) unless given."""
+    """GB300 NVL72 racks with the default storage (sized from the rack: tray 65 J/GPU, 30.2 kW; BBU 144 kW,
+    3.45 kWh) unless given."""
     return build_site(
         SiteSpec.model_validate(
             {
@@ -120,7 +124,7 @@ BBU_J = 33e3 * 90  # OCP ORv3 high-power shelf: 33 kW for 90 s
 
 
 def test_bbu_holds_rack_at_threshold_until_the_energy_runs_out() -> None:
-    bbus = RackBbus(_site(racks=1))
+    bbus = RackBbus(_site(racks=1, storage=SHELF_33KW))
     assert bbus.soc_frac[0] == 1.0
     dt_s, rack, thr = 0.1, 40e3, 30e3
     on = np.ones(1, dtype=bool)
@@ -159,7 +163,7 @@ def test_bbu_recharge_never_pushes_a_rack_above_its_threshold() -> None:
 
 
 def test_bbu_backup_only_recharges_at_the_recharge_rate_and_round_trips() -> None:
-    bbus = RackBbus(_site(racks=1))
+    bbus = RackBbus(_site(racks=1, storage=SHELF_33KW))
     on = np.ones(1, dtype=bool)
     for _ in range(200):  # shave to soc_min
         bbus.step(1.0, np.array([50e3]), np.array([20e3]), np.array([3e3]), on)
@@ -261,3 +265,40 @@ def test_zero_size_bess_always_delivers_zero() -> None:
     for sp in (5e6, -5e6, 0.0, math.nan):
         assert bess.step(0.1, sp) == 0.0
     assert bess.soc_frac == 0.5 and bess.equivalent_cycles() == 0.0 and bess.loss_j == 0.0
+
+
+# -- default sizes from the rack preset (issue #11) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("gpu", "full_kw", "shelf_kw"),
+    [("gb300", 72 * 1.840, 144.0), ("gb200", 72 * 1.667, 132.0), ("h100", 72 * 1.275, 96.0)],
+)
+def test_default_bbu_carries_its_rack_at_full_draw_for_its_hold_up(gpu: str, full_kw: float, shelf_kw: float) -> None:
+    """ORv3 HPR: whole 12 kW modules that carry the rack at full draw (every GPU at rated and the host), storing
+    90 s of it after discharge losses, so a full shelf rides through exactly its rated hold-up."""
+    site = build_site(
+        SiteSpec.model_validate({"gpu": gpu, "pcc": {"limit_mw": 50}, "levels": [{"level": "rack", "count": 1}]})
+    )
+    rs = site.rack_storage
+    assert rs.bbu_power_w[0] == pytest.approx(shelf_kw * 1e3)
+    assert rs.bbu_power_w[0] >= full_kw * 1e3 and rs.bbu_power_w[0] % 12e3 == pytest.approx(0.0, abs=1e-6)
+    ride_s = rs.bbu_energy_j[0] * math.sqrt(rs.bbu_round_trip_eff) / (full_kw * 1e3)
+    assert ride_s == pytest.approx(90.0)
+    assert rs.bbu_recharge_w[0] == pytest.approx(shelf_kw * 1e3 * 3 / 33)
+    assert rs.tray_power_w[0] == pytest.approx(0.3 * 72 * site.gpu.rated_w)
+
+
+def test_configured_bbu_ratings_win_over_the_sizing() -> None:
+    rs = _site(racks=1, storage=SHELF_33KW).rack_storage
+    assert (rs.bbu_power_w[0], rs.bbu_energy_j[0], rs.bbu_recharge_w[0]) == pytest.approx((33e3, 0.825 * 3.6e6, 3e3))
+
+
+def test_the_shelf_never_recharges_faster_than_its_rating() -> None:
+    """A controller asking for the shelf's full power as recharge gets its rated 3 kW (the charger's limit)."""
+    bbus = RackBbus(_site(racks=1, storage=SHELF_33KW))
+    on = np.ones(1, dtype=bool)
+    for _ in range(100):  # shave to soc_min
+        bbus.step(1.0, np.array([50e3]), np.array([20e3]), np.array([0.0]), on)
+    bbus.step(1.0, np.array([10e3]), np.array([np.inf]), np.array([33e3]), on)
+    assert bbus.recharge_w[0] == pytest.approx(3e3)

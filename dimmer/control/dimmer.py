@@ -5,12 +5,15 @@ Layers, each vectorised over the tree (docs/controller.md has the equations):
    and stays under the interconnect limit; the campus battery supplies the difference within its power and SoC
    window, with a slow SoC recovery. What it cannot cover becomes a cut at the campus (demand too high) or a floor
    (demand falling faster than the grid may follow).
-2. Progressive capping: every domain's load envelope (the peak of recent periods) against its rating gives a cut
+2. Progressive capping: every domain's load envelope (the RMS of recent periods; at the interconnect, a hard
+   limit, the most its racks may draw under the caps in force, since 1 s readings hide a swing's peaks) against
+   its rating gives a cut
    that grows smoothly from a soft threshold, with an emergency path near a trip; cuts go to the lowest priority
    first as one cap per job. Caps fall at once and rise slowly, with hysteresis.
 3. Trough filling: GPU power floors, raised only when the battery cannot absorb a fall, released at the ramp limit.
-4. Rack storage: BBU thresholds at each rack's recent mean so BBUs shave the swing's peaks and recharge in its
-   troughs (never above the threshold, so recharge makes no new peak), nudged by each BBU's state of charge.
+4. Rack storage: BBUs are backup units first (rack_storage.py): backup only unless a domain is planned over its
+   soft threshold, then they take the excess before a cap does, within a ride-through reserve and a depth-weighted
+   cycle budget; recharged slowly, only with room.
 5. Safety: stale or missing telemetry moves the caps it concerns down to a safe level, never up; the planned load of
    every domain is checked against its rating before the actions leave.
 """
@@ -28,8 +31,9 @@ from pydantic import Field, ValidationError
 
 from dimmer.control import register
 from dimmer.control.allocation import grant, job_gpus_per_domain, priority_groups, shed
-from dimmer.control.filters import LowPass, Window, progressive_cut_w
+from dimmer.control.filters import LowPass, SwingLevel, Window, progressive_cut_w
 from dimmer.control.plausibility import PHRASES, PccCheck
+from dimmer.control.rack_storage import BbuPolicy
 from dimmer.errors import from_validation_error
 from dimmer.observation import Actions, Observation, Reason
 from dimmer.site import SiteModel
@@ -56,9 +60,20 @@ class DimmerParams(Strict):
     cap_rise_w_per_s: float = Field(default=20.0, gt=0)  # per GPU: caps rise slowly (GB300: 1.4 % of rated a second)
     # grid shaping
     forecast_tau_s: float = Field(default=20.0, ge=0)
-    # the battery follows the campus load through this low-pass: it shapes the level, the rack storage the swing
-    # (a battery chasing a 0.2-3 Hz swing from 1 s readings would arrive out of phase and amplify it)
-    bess_smoothing_s: float = Field(default=2.0, ge=0)
+    # the battery follows the campus load's level (filters.SwingLevel over this many seconds of readings): it
+    # shapes the level, not the swing (a battery chasing a 0.2-3 Hz swing from 1 s readings arrives out of phase
+    # and amplifies it, and a reading in a trough looks like a fall to fill); a change no swing explains is
+    # followed within two periods
+    bess_level_s: float = Field(default=6.0, gt=0)
+    # a job that stopped drawing (a synchronous checkpoint stall, a crash) may come back in one tick: its racks'
+    # peak readings are held with this time constant in the load the interconnect must be able to take
+    return_hold_s: float = Field(default=120.0, ge=0)
+    # how far above its highest 1 s reading a rack's swing may peak: a 40 % swing with a 30 % communication share
+    # peaks 14 % above its mean, and a reading that mixes phases sits between them (MODELS.md: 30-40 % swings)
+    hidden_peak_frac: float = Field(default=0.15, ge=0, le=1)
+    # a falling limit (a curtailment ramping down) is planned this many periods ahead: a reading, a decision and
+    # the GPUs' settling
+    limit_lead_periods: float = Field(default=2.0, ge=0)
     # plan on this share of the utility ramp limit: the rest absorbs what the plan does not command (restart
     # surges, BBU recharge ending, telemetry lag); 0.7 held every library scenario with no violation
     ramp_margin_frac: float = Field(default=0.7, gt=0, le=1)
@@ -69,12 +84,12 @@ class DimmerParams(Strict):
     # trough filling
     floor_release_w_per_s: float | None = Field(default=None, gt=0)  # per GPU; default: the ramp limit spread out
     fill_deadband_frac: float = Field(default=0.005, ge=0, le=0.2)  # of the interconnect limit: smaller falls pass
-    # rack storage
-    bbu_mean_tau_s: float = Field(default=20.0, gt=0)
-    bbu_soc_target_frac: float = Field(default=0.8, ge=0, le=1)
-    bbu_soc_gain: float = Field(default=0.5, ge=0)  # threshold shift per unit SoC error, in units of BBU power
-    bbu_shift_max_frac: float = Field(default=0.3, ge=0)  # of BBU power: the most the SoC term moves a threshold
-    bbu_reserve_frac: float = Field(default=0.1, gt=0, le=1)  # SoC band above the reserve where BBU use tapers
+    # rack storage: BBUs are backup units first (dimmer/control/rack_storage.py)
+    bbu_cycle_budget_per_day: float = Field(default=1.0, ge=0)  # depth-weighted full cycles a day, each BBU
+    bbu_reserve_s: float = Field(default=60.0, ge=0)  # ride-through kept: seconds of the rack's present load
+    bbu_recharge_full_tau_s: float = Field(default=300.0, gt=0)  # recharge tapers as the shelf nears full
+    # the racks' total recharge grows by at most this share of the utility's ramp step a period
+    bbu_recharge_ramp_frac: float = Field(default=0.1, gt=0, le=1)
     # safety
     stale_s: float = Field(default=5.0, gt=0)  # a reading older than this is not trusted
     # PCC meter plausibility: the agreement band between the PCC reading and the rack-based estimate, as a share of
@@ -107,8 +122,18 @@ class DimmerController:
         self.recent_rise_w = np.zeros((n_env, site.n_domains))
         self.rise_unseen_frac = 1.0 - np.arange(n_env) / n_env
         self.forecast = LowPass(params.forecast_tau_s)
-        self.bus_mean = LowPass(params.bess_smoothing_s)
-        self.rack_mean = LowPass(params.bbu_mean_tau_s)
+        n_level = max(2, round(params.bess_level_s / params.period_s))
+        # the swing's span is remembered for a few windows: long enough to bridge a window that misses a peak
+        self.bus_level = SwingLevel(n_level, tol_abs=params.fill_deadband_frac * site.pcc_limit_w, memory=3 * n_level)
+        self.bbus = BbuPolicy(site, params.bbu_cycle_budget_per_day, params.bbu_reserve_s,
+                              params.bbu_recharge_full_tau_s)  # fmt: skip
+        self.job_run_since_s = np.full(site.n_jobs, -math.inf)  # when each job last began running (inf: not now)
+        self.long_env_w = np.full(site.n_racks, np.nan)  # each rack's peak reading, held over return_hold_s
+        self.prev_pcc_limit_w: float | None = None
+        self.was_blind = False  # the last step had no trusted PCC reading
+        self.bess_was_online = True
+        self.prev_guard_w = np.full(site.n_racks, np.inf)  # each rack's guard threshold last period (inf: none)
+        self.bound_cover_w = 0.0  # the battery's share of the racks' bound above the grid ceiling, ramped in
         self.rack_last_w = np.full(site.n_racks, np.nan)
         # state
         self.cap_w = np.full(site.n_jobs, gpu.rated_w)
@@ -147,6 +172,23 @@ class DimmerController:
         if not self.site.n_jobs:
             return np.full(self.site.n_racks, self.site.gpu.rated_w)
         out: FloatArray = np.where(self.site.rack_job >= 0, self.cap_w[self.job_rack], self.site.gpu.rated_w)
+        return out
+
+    def _caps_bind(self, gpu_env_w: FloatArray) -> bool:
+        """Some running job's cap holds it below what it would draw: its racks' envelope reaches the cap (a cap
+        above the job's peak costs it nothing and must not block the battery's recharge)."""
+        site, gpu = self.site, self.site.gpu
+        capped = self.cap_w < gpu.rated_w
+        if not capped.any():
+            return False
+        job_peak = np.zeros(site.n_jobs)
+        np.maximum.at(job_peak, site.rack_job[self.running_rack], gpu_env_w[self.running_rack])
+        return bool(np.any(capped & (job_peak >= self.cap_w - self.p.cap_rise_w_per_s * self.p.period_s)))
+
+    def _live_gpus(self, live_rack: BoolArray) -> FloatArray:
+        """(n_jobs,) running GPUs of each job on racks that count at their cap."""
+        out = np.zeros(self.site.n_jobs)
+        np.add.at(out, self.site.rack_job[live_rack], self.site.rack_active_gpus[live_rack])
         return out
 
     def _bound_floors(
@@ -219,23 +261,109 @@ class DimmerController:
         under_caps = np.where(job_racks, site.rack_power_w(np.minimum(gpu_env, self._rack_caps())), load_env)
         under_caps_w = site.domain_load_w(under_caps)
 
+        # What each rack may draw before its BBU this period. 1 s readings hide a swing's peaks, and a job that
+        # stopped (a checkpoint stall, a crash) may return in one tick. So a job rack counts at its highest reading
+        # of the last return_hold_s (a peak hold that decays with that time constant, so a stall's rack keeps what
+        # it drew while running) plus the share of it a swing's peak may hide (hidden_peak_frac), never above what
+        # it can draw under its cap. The interconnect is held on this bound; the battery charges only under it.
+        n_jobs = site.n_jobs
+        job_rack_now = self.running_rack
+        # (a stopped job's hold does not decay: it may return at any time, and only its BBUs can shield that)
+        decay: float | FloatArray = math.exp(-dt / p.return_hold_s) if p.return_hold_s > 0 else 0.0
+        if n_jobs:
+            decay = np.where((self.running_rack & obs.job_running[self.job_rack]) | ~self.running_rack, decay, 1.0)
+        self.long_env_w = np.fmax(load_env, self.long_env_w * decay)
+        # (the higher of the cap commanded and the cap the GPUs report enforcing: a rack whose writes are lost, or
+        # whose firmware ignores them, draws to the cap it has, not the one it was sent)
+        enforced_w = np.where(np.isfinite(obs.rack_cap_w), obs.rack_cap_w, gpu.rated_w)
+        at_caps = site.rack_power_w(np.maximum(self._rack_caps(), enforced_w))
+        # (never above what the rack can draw under its cap: readings lag a cut, and would have it made again)
+        hidden = np.fmin(at_caps, np.fmax(self.long_env_w * (1.0 + p.hidden_peak_frac), load_env))
+        bound_rack = np.where(job_rack_now, hidden, load_env)
+        # racks that count at their caps: a cap change moves their bound
+        live_rack = job_rack_now & (at_caps <= self.long_env_w * (1.0 + p.hidden_peak_frac))
+        # A job rack whose job is not running (a stall, a crash, a restart) is held by its BBU near what it draws
+        # now, as far as the BBU's power and reserve allow: a return then reaches the grid one period's increment
+        # at a time while the battery charges, and costs the BBU a second or two of the surge, not a cycle.
+        guard_w = np.full(site.n_racks, np.inf)
+        guard_extra_w = np.zeros(site.n_racks)
+        returning_w = 0.0  # what the guards hold back of jobs that run again: the caps must make room for it
+        if n_jobs:
+            # (and for four periods after its job runs again: the readings show a return a period late, and the
+            # battery may still be charging under the bound the BBU held)
+            self.job_run_since_s = np.where(obs.job_running, np.fmin(self.job_run_since_s, obs.t_s), np.inf)
+            settling = obs.t_s - self.job_run_since_s < 4.0 * p.period_s
+            stopped = job_rack_now & (~obs.job_running | settling)[self.job_rack]
+            # (from this period's reading: the envelope still holds the draw from before the stop for its window)
+            now_w = np.fmin(at_caps, np.where(np.isfinite(load_w), load_w, load_env) * (1.0 + p.hidden_peak_frac))
+            shield = stopped & self.bbus.can_hold(obs.rack_bbu_soc_frac, bound_rack)
+            # a rack whose job runs again is held where its guard was (not at its rising reading) until the cut
+            # against the unguarded bound makes room: the guard then rises only by the room the battery leaves
+            settle = (obs.job_running & settling)[self.job_rack] & np.isfinite(self.prev_guard_w)
+            now_w = np.where(settle, np.fmin(now_w, self.prev_guard_w), now_w)
+            shielded_w = np.fmin(np.fmax(now_w, bound_rack - self.bbus.power_w), at_caps)
+            guard_extra_w = np.where(shield, np.maximum(bound_rack - shielded_w, 0.0), 0.0)
+            guard_w = np.where(shield, shielded_w, np.inf)
+            back = shield & (obs.job_running & settling)[self.job_rack]
+            returning_w = float(np.sum(np.where(back, guard_extra_w, 0.0)))
+            bound_rack = np.where(shield, shielded_w, bound_rack)
+        # the campus also carries what no rack meter sees (the overhead the PCC shows) and the BBUs' recharge
+        overhead_w = max(float(domain_w[0]) + bess_now_w - float(from_racks[0]), 0.0)
+        campus_bound_w = float(np.sum(bound_rack)) + overhead_w + float(self.bbus.recharge_w.sum())
+        # the caps are set against the bound without the guards of jobs that run again (the guards only bridge the
+        # periods the readings and the cut take to arrive); the battery charges under the guarded bound
+        cut_bound_w = campus_bound_w + returning_w
+
         # 1. grid shaping ---------------------------------------------------------------------------------------
         discharge_w, discharge_plan_w, charge_w = self._bess_room(obs)
         bus_w = float(domain_w[0]) + bess_now_w
         ramp_step = site.ramp_limit_w_per_min / 60.0 * p.ramp_margin_frac * dt
-        grid_cap = obs.pcc_limit_w * p.pcc_margin_frac
+        # the limit as it will be when these actions act: a curtailment ramping the limit down is planned against
+        # where it will be limit_lead_periods from now, not where it was read
+        pcc_limit_w = obs.pcc_limit_w
+        if self.prev_pcc_limit_w is not None and pcc_limit_w < self.prev_pcc_limit_w:
+            pcc_limit_w -= (self.prev_pcc_limit_w - pcc_limit_w) * p.limit_lead_periods
+        self.prev_pcc_limit_w = obs.pcc_limit_w
+        grid_cap = pcc_limit_w * p.pcc_margin_frac
         bus_now_w = bus_w
-        bus_w = float(self.bus_mean.update(np.array([bus_w]), dt)[0])
+        if pcc_ok and self.was_blind:
+            self.bus_level.restart()  # the readings it holds are from before the blackout, or stale repeats
+        # (a stale reading is a repeat, not a level: it is held, not averaged in)
+        level_w = self.bus_level.update(bus_w if pcc_ok else math.nan)
+        bus_w = level_w if math.isfinite(level_w) else bus_w
         forecast = float(self.forecast.update(np.array([bus_w]), dt)[0])
+        if self.bus_level.warming:
+            # the first readings only learn the level: seeded from one reading (a compute phase, say) the target
+            # would see the level it then finds as a fall to absorb or fill
+            self.forecast.value = np.array([bus_w])
+            forecast = bus_w
+            self.grid_target_w = None
         b = site.bess
         soc_pull = 0.0
         # (an offline battery takes nothing: a pull toward its SoC target would be a fall for the floors to fill)
         if b.energy_j > 0 and obs.bess_online and math.isfinite(obs.bess_soc_frac):
             usable = (b.soc_max_frac - b.soc_min_frac) * b.energy_j
             soc_pull = (p.bess_soc_target_frac - obs.bess_soc_frac) * usable / p.bess_soc_recovery_s
-            soc_pull = float(np.clip(soc_pull, -b.power_w, b.power_w))
-            if soc_pull > 0 and bool(np.any(self.cap_w < gpu.rated_w)):
+            # (no larger than the share of a window's ramp the margin keeps for the unplanned: a battery reverts to
+            # 0 W when its controller goes silent, and a recovery charge is then a step the grid sees)
+            pull_max_w = min(
+                b.power_w, (1.0 - p.ramp_margin_frac) * site.ramp_limit_w_per_min * site.ramp_window_s / 60
+            )
+            soc_pull = float(np.clip(soc_pull, -pull_max_w, pull_max_w))
+            if soc_pull > 0 and self._caps_bind(gpu_env):
                 soc_pull = 0.0  # recharge from surplus only, never with power a capped job could use
+        battery_back = obs.bess_online and not self.bess_was_online and site.bess.energy_j > 0
+        self.bess_was_online = obs.bess_online
+        if (pcc_ok and self.was_blind) or battery_back:
+            # Back from a blackout (the readings went stale), or a battery back on line: what the grid did meanwhile
+            # — a fallback to safe caps, a battery that reverted — is history the ramp rule has already measured.
+            # Pulling the import back to the old target now would be a second step; the target starts again from
+            # the import as it is.
+            self.grid_target_w = None
+            self.forecast.value = np.array([bus_w])
+            forecast = bus_w
+            self.bound_cover_w = 0.0
+        self.was_blind = not pcc_ok
         prev = bus_w if self.grid_target_w is None else self.grid_target_w
         target = forecast + soc_pull
         if math.isfinite(ramp_step):
@@ -243,40 +371,88 @@ class DimmerController:
         target = min(target, grid_cap)
         self.grid_target_w = target
         gap = bus_w - target  # > 0: the battery must give; < 0: it must take
+        # charging only under what the racks may draw (their caps, not the readings that hide the peaks)
+        charge_w = min(charge_w, max(grid_cap - cut_bound_w, 0.0))
         bess_w = float(np.clip(gap, -charge_w, discharge_w))
         # Never charge into the interconnect limit, and give what it takes to stay under it: a load coming back (a
         # restart, a return from backup) must not meet a battery still charging for the fall before it.
         bess_w = max(bess_w, min(max(bus_now_w, bus_w) - grid_cap, discharge_w))
-        limit[0] = min(float(limit[0]), obs.pcc_limit_w)
+        # and against the peaks the readings hide (the racks at their caps): the battery before the caps, as far as
+        # its plan allows (the caps take the rest, and all of it as the battery nears its reserve)
+        # That bound is a worst case, not a reading: the battery takes it on at the ramp the grid may follow (a step
+        # of its own would be a ramp violation), the caps meanwhile; a reading over the limit is met at once above.
+        # It carries at most the planned share of what the ramp rule lets one window change by: a battery reverts to
+        # 0 W when its controller goes silent (SunSpec WSetRvrtTms), and that step must stay within the rule.
+        revert_w = p.ramp_margin_frac * site.ramp_limit_w_per_min * site.ramp_window_s / 60.0
+        cover_w = min(cut_bound_w - grid_cap, discharge_plan_w, revert_w)
+        ramp_in = ramp_step if math.isfinite(ramp_step) else math.inf
+        self.bound_cover_w = max(min(cover_w, self.bound_cover_w + ramp_in), 0.0)
+        bess_w = max(bess_w, min(self.bound_cover_w, cover_w))
+        limit[0] = min(float(limit[0]), pcc_limit_w)
         # The utility's ramp is measured on window means, so a load above the grid target is cut only once its excess
         # over the ramp window would use up the slack the margin keeps (a slow swing around the level passes; a job
         # start is cut within a second or two). The cut acts on the latest reading, not the smoothed one.
         over_w = min(bus_now_w, float(under_caps_w[0])) - target - discharge_plan_w
         window = site.ramp_window_s
-        self.excess_j = self.excess_j * math.exp(-dt / window) + max(over_w, 0.0) * dt
+        # (signed: a swing slower than a period but faster than the window, a 30 s RL iteration, nets out in the
+        # window means the rule compares, so its troughs pay back its peaks; never below 0, no credit banked)
+        self.excess_j = max(self.excess_j * math.exp(-dt / window) + over_w * dt, 0.0)
         # half the margin: the leaky integral forgets a burst faster than the utility's two-window difference does
         slack_w = 0.5 * (1.0 - p.ramp_margin_frac) * site.ramp_limit_w_per_min * window / 60.0
         grid_cut = max(over_w, 0.0) if self.excess_j / window > slack_w else 0.0
         # what the battery cannot take of a fall (not of its own SoC recovery, which floors must never pay for)
-        fill_w = max(-gap - max(soc_pull, 0.0) - charge_w, 0.0)
+        # (against the latest reading where it is higher than the level: the level's window still holds readings
+        # from before the floors it asked for, and would ask for them again)
+        fill_w = max(target - max(bus_w, bus_now_w) - max(soc_pull, 0.0) - charge_w, 0.0)
+        # a fall within the slack the ramp margin keeps passes: the rule is on window means, and the level's own
+        # wobble (a swing read as 1 s means) is no fall
+        fill_deadband_w = max(p.fill_deadband_frac * obs.pcc_limit_w, slack_w if math.isfinite(slack_w) else 0.0)
 
         # 2. progressive capping --------------------------------------------------------------------------------
         # Breakers heat with I^2 t: below the campus each domain is held on the RMS of its load over recent
         # iterations (a swing's peaks above the rating do not trip a thermal breaker, its mean square does). The
         # interconnect limits the power itself, so the campus is held on its peak.
         env = self.domain_env.rms()
-        env[0] = dom_peak[0] + bess_now_w - bess_w  # as it will be once the battery moves to its new setpoint
         env = np.fmin(env, under_caps_w)
+        # the campus: the readings' peak, and the most its racks may draw, as they will be once the battery moves
+        # to its new setpoint
+        seen_w = min(float(dom_peak[0]) + bess_now_w, cut_bound_w) - bess_w
+        env[0] = max(cut_bound_w - bess_w, seen_w)
         soft = p.soft_frac * limit
         # at the PCC the battery holds the level up to the grid target's ceiling; caps dim only the rest
         soft[0] = p.pcc_margin_frac * limit[0]
         cut = progressive_cut_w(env, soft, limit)
         thermal = np.nan_to_num(obs.domain_thermal_frac, nan=0.0)
         emergency = (env >= p.emergency_frac * limit) | (thermal >= p.thermal_emergency_frac)
+        emergency[0] = seen_w >= p.emergency_frac * limit[0]  # the bound is a worst case, not a reading
         cut = np.where(emergency, np.maximum(cut, env - soft), cut)
-        cut[0] = max(cut[0], grid_cut)
+        # the campus is cut to its bound below, once the jobs' other cuts are known; here the readings and the ramp
+        cut[0] = max(grid_cut, seen_w - soft[0] if emergency[0] else 0.0)
         release = p.release_frac * limit
         release[0] = soft[0] - 0.5 * (p.soft_frac - p.release_frac) * limit[0]
+
+        # 4. rack storage: over a soft threshold the BBUs (within their reserve and wear budget) take the excess
+        # before a cap does; what they relieve is not cut from the jobs (an emergency cuts regardless)
+        no_room = np.where(cut > 0, np.inf, 0.0)
+        rack_room = self.bbus.relief_scale(np.maximum(env + no_room, 0.0), release) >= 1.0
+        ramp_rise_w = ramp_step * p.bbu_recharge_ramp_frac if math.isfinite(ramp_step) else math.inf
+        scale = self.bbus.relief_scale(env, soft)
+        # a guarded rack's BBU takes only what the interconnect could not: the room left under the limit once the
+        # battery has its setpoint is shared by the guarded racks, in proportion to what the guard holds back
+        extra_sum_w = float(guard_extra_w.sum())
+        if extra_sum_w > 0:
+            # (with the battery where it is, if that charges more: its setpoint takes a response time to arrive)
+            spare_w = max(grid_cap - (campus_bound_w - min(bess_w, bess_now_w)), 0.0)
+            allow = np.minimum(guard_extra_w * spare_w / extra_sum_w, guard_extra_w)
+            guard_w = np.where(np.isfinite(guard_w) & (spare_w < extra_sum_w), guard_w + allow, np.inf)
+        threshold, recharge, relief_rack = self.bbus.step(
+            dt, obs.rack_bbu_soc_frac, bound_rack, scale, rack_room, ramp_rise_w, guard_w
+        )
+        relief = site.domain_load_w(relief_rack)
+        self.prev_guard_w = np.where(np.isfinite(guard_w), guard_w, np.inf)
+        cut_campus = cut[0]
+        cut = np.where(emergency, cut, np.maximum(cut - relief, 0.0))
+        cut[0] = cut_campus  # the ramp's cut is on the level, which the BBUs' peak shaving does not move
         # A rise granted k periods ago is in only the last k readings of the window, so the RMS shows a share of it:
         # the headroom is what is left once the rest is counted, or caps would climb past the release level for as
         # many periods as the window takes to catch up.
@@ -302,6 +478,19 @@ class DimmerController:
             room = np.maximum(effective - gpu.min_cap_w, 0.0)
             reduction, unmet = shed(cut, self.gpus, room, self.groups, self.eta)
             new_cap = np.where(reduction > 0, effective - reduction, self.cap_w)
+            # the interconnect against its bound: the live racks at these caps, after the battery and the BBUs
+            live_gpus = self._live_gpus(live_rack)
+            bound_w = cut_bound_w + float(live_gpus @ (new_cap - self.cap_w)) / self.eta
+            over_w = bound_w - bess_w - float(relief[0]) - float(soft[0])
+            if over_w > 0:
+                more, left = shed(np.array([over_w]), live_gpus[None, :], np.maximum(new_cap - gpu.min_cap_w, 0.0),
+                                  self.groups, self.eta)  # fmt: skip
+                new_cap = new_cap - more
+                reduction = reduction + more
+                unmet[0] += float(left[0])
+                cut[0] += over_w
+                bound_w -= float(live_gpus @ more) / self.eta
+            headroom[0] = min(headroom[0], max(float(release[0]) - (bound_w - bess_w - float(relief[0])), 0.0))
             # rise: slowly, within headroom, never for a job with untrusted telemetry
             stale_job = np.zeros(n_jobs, dtype=bool)
             stale_job[site.rack_job[self.running_rack & ~rack_ok]] = True
@@ -329,7 +518,10 @@ class DimmerController:
         # energy against the cut that made the fall. A crashed, stopped or idle job's racks may be filled.
         cutting = cut > 0
         cutting[0] = False
-        draw_now = site.gpu_draw_for_rack_w(rack_w)
+        # a floor starts from the swing's trough (the least recent reading), not from a reading: floored from a 1 s
+        # mean, the troughs below it are filled and the level the next reading shows is lifted by the floor itself
+        trough_w = self.rack_env.trough()
+        draw_now = site.gpu_draw_for_rack_w(np.where(np.isfinite(trough_w), np.fmin(trough_w, rack_w), rack_w))
         capped_running = np.zeros(site.n_racks, dtype=bool)
         if n_jobs:
             job_held = obs.job_running & (self.cap_w < gpu.rated_w)
@@ -337,11 +529,15 @@ class DimmerController:
         fillable = job_racks & ~capped_running & ~(site.incidence.T @ cutting.astype(np.float64) > 0)
         n_fill = float(np.sum(site.rack_active_gpus[fillable]))
         floor_release = self.floor_release_w_per_s * dt
-        if fill_w > p.fill_deadband_frac * obs.pcc_limit_w and n_fill > 0:
+        if fill_w > fill_deadband_w and n_fill > 0:
             lift = fill_w * self.eta / n_fill
             # no domain is filled past its soft threshold: bound the lift by each domain's room over its fill GPUs
             fill_gpus = site.domain_load_w(np.where(fillable, site.rack_active_gpus, 0).astype(np.float64))
-            room_w = np.maximum(soft - env, 0.0)
+            # (at the campus against the readings: a floor holds a rack below what it drew running, so it does not
+            # raise the bound the interconnect is held on; _bound_floors keeps the plan under the limit)
+            env_fill = env.copy()
+            env_fill[0] = seen_w
+            room_w = np.maximum(soft - env_fill, 0.0)
             inside = fill_gpus > 0
             if inside.any():
                 lift = min(lift, float(np.min(room_w[inside] * self.eta / fill_gpus[inside])))
@@ -356,16 +552,9 @@ class DimmerController:
         self.floor_w = self._bound_floors(self.floor_w, planned_gpu, load_env, limit, bess_w)
         floor = gpu.clamp_floor_w(self.floor_w)
 
-        # 4. rack storage ---------------------------------------------------------------------------------------
-        rs = site.rack_storage
-        mean = self.rack_mean.update(load_w, dt)
-        soc = np.nan_to_num(obs.rack_bbu_soc_frac, nan=rs.bbu_soc_min_frac)
-        shift = np.clip(p.bbu_soc_gain * (p.bbu_soc_target_frac - soc), -p.bbu_shift_max_frac, p.bbu_shift_max_frac)
-        # near its reserve a BBU hands the peaks back: its threshold slides up to the load's envelope
-        taper = np.clip((soc - rs.bbu_soc_min_frac) / p.bbu_reserve_frac, 0.0, 1.0)
-        threshold = taper * (mean + shift * rs.bbu_power_w) + (1.0 - taper) * load_env
-        threshold = np.where(rs.bbu_energy_j > 0, np.maximum(threshold, 0.0), np.inf)
-        recharge = rs.bbu_power_w.copy()
+        if relief_rack.any():
+            what = f"BBUs of {int(np.count_nonzero(relief_rack))} rack(s) relieve a domain over its soft threshold"
+            reasons.append(Reason("rack-storage", what, value_w=float(relief_rack.sum())))
 
         # planned load of every domain under these caps and floors, for the audit and the safety check
         planned_rack = np.where(job_racks, site.rack_power_w(np.maximum(planned_gpu, floor)), load_env)

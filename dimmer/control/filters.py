@@ -32,6 +32,12 @@ class Window:
         out: FloatArray = np.where(valid.any(axis=0), np.max(np.where(valid, self._buf, -np.inf), axis=0), np.nan)
         return out
 
+    def trough(self) -> FloatArray:
+        """The least sample of the window (NaN where it holds none)."""
+        valid = ~np.isnan(self._buf)
+        out: FloatArray = np.where(valid.any(axis=0), np.min(np.where(valid, self._buf, np.inf), axis=0), np.nan)
+        return out
+
     def rms(self) -> FloatArray:
         valid = ~np.isnan(self._buf)
         count = valid.sum(axis=0)
@@ -78,3 +84,72 @@ def progressive_cut_w(envelope_w: FloatArray, soft_w: FloatArray, hard_w: FloatA
     lin = envelope_w - 0.5 * (hard_w + soft_w)
     out: FloatArray = np.where(envelope_w > hard_w, lin, quad)
     return np.nan_to_num(out, nan=0.0)
+
+
+class SwingLevel:
+    """The level of a swinging load from its period readings: the mean of the last `length` readings, restarted
+    from two readings in a row that no swing explains.
+
+    A 0.3-5 s training swing read as 1 s means aliases into a wobble of the readings (a 2 s swing alternates
+    full-peak and mixed windows), which a low-pass passes on, out of phase, to whatever follows it. The window mean
+    rejects it. A reading beyond the band the window spans (by `tol_frac` of its span, and at least `tol_abs`) is
+    held aside: if the next one lies beyond it on the same side, the level has changed — a start, a crash, a stall —
+    and the window restarts from the two (a step is followed within two periods); otherwise it was the swing, and
+    both join the window. `span` is the swing's span, remembered over `memory` readings. NaN holds its value.
+    """
+
+    def __init__(self, length: int, tol_frac: float = 0.25, tol_abs: float = 0.0, memory: int = 300) -> None:
+        self._buf = np.full(max(length, 2), np.nan)
+        self._i = 0
+        self._seen = 0
+        self.tol_frac, self.tol_abs = tol_frac, tol_abs
+        self._decay = math.exp(-1.0 / max(memory, 1))
+        self.span = 0.0
+        self._pending: tuple[float, int] | None = None  # a reading held aside, and its side (+1 above, -1 below)
+        self.stepped = False  # the last reading restarted the window
+
+    def _push(self, x: float) -> None:
+        self._buf[self._i] = x
+        self._i = (self._i + 1) % self._buf.shape[0]
+        self._seen += 1
+
+    def update(self, x: float) -> float:
+        self.stepped = False
+        if math.isnan(x):
+            return self.level()
+        valid = self._buf[~np.isnan(self._buf)]
+        side = 0
+        if valid.size and not self.warming:
+            lo, hi = float(valid.min()), float(valid.max())
+            tol = max(self.tol_frac * (hi - lo), self.tol_abs)
+            side = 1 if x > hi + tol else (-1 if x < lo - tol else 0)
+        pending, self._pending = self._pending, None
+        if side and pending is not None and pending[1] == side:
+            self._buf[:] = np.nan
+            self._push(pending[0])
+            self.stepped = True
+        elif side:
+            self._pending = (x, side)
+            if pending is not None:
+                self._push(pending[0])
+            return self.level()
+        elif pending is not None:
+            self._push(pending[0])
+        self._push(x)
+        valid = self._buf[~np.isnan(self._buf)]
+        self.span = max(self.span * self._decay, float(valid.max() - valid.min()))
+        return self.level()
+
+    def restart(self) -> None:
+        """Forget every reading: the level is learned afresh (the span is kept)."""
+        self._buf[:] = np.nan
+        self._i, self._seen, self._pending = 0, 0, None
+
+    @property
+    def warming(self) -> bool:
+        """Fewer readings than the window holds: the level is still being learned."""
+        return self._seen < self._buf.shape[0]
+
+    def level(self) -> float:
+        valid = self._buf[~np.isnan(self._buf)]
+        return float(valid.mean()) if valid.size else math.nan

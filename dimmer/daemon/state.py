@@ -22,7 +22,7 @@ import numpy as np
 from dimmer.atomicfile import write_atomic
 from dimmer.control import Controller
 from dimmer.control.dimmer import DimmerController
-from dimmer.control.filters import LowPass, Window
+from dimmer.control.filters import LowPass, SwingLevel, Window
 from dimmer.site import SiteModel
 
 log = logging.getLogger("dimmer.state")
@@ -109,6 +109,20 @@ def _lowpass_from(f: LowPass, d: Any, shape: tuple[int, ...], what: str) -> None
     f.value = None if d is None else _dec_arr(d, shape, what)
 
 
+def _level_from(f: SwingLevel, d: Any, what: str) -> None:
+    if d is None:  # saved before the level filter: it learns afresh
+        return
+    if not isinstance(d, dict):
+        raise StateMismatch(f"{what}: not a level filter")
+    buf = _dec_arr(d.get("buf"), f._buf.shape, f"{what}.buf")
+    i, seen = d.get("i"), d.get("seen")
+    if not isinstance(i, int) or not 0 <= i < f._buf.shape[0] or not isinstance(seen, int) or seen < 0:
+        raise StateMismatch(f"{what}.i / seen: out of range")
+    f._buf[...] = buf
+    f._i, f._seen = i, seen
+    f.span = max(_dec_f(d.get("span", 0.0), f"{what}.span"), 0.0)
+
+
 def dimmer_to_dict(c: DimmerController) -> dict[str, Any]:
     return {
         "cap_w": _enc(c.cap_w),
@@ -119,8 +133,19 @@ def dimmer_to_dict(c: DimmerController) -> dict[str, Any]:
         "domain_env": _window_to(c.domain_env),
         "rack_env": _window_to(c.rack_env),
         "forecast": _lowpass_to(c.forecast),
-        "bus_mean": _lowpass_to(c.bus_mean),
-        "rack_mean": _lowpass_to(c.rack_mean),
+        "bus_level": {
+            "buf": _enc(c.bus_level._buf),
+            "i": c.bus_level._i,
+            "seen": c.bus_level._seen,
+            "span": _enc_f(c.bus_level.span),
+        },
+        "bbu_allowance": _enc(c.bbus.allowance),
+        "bbu_recharge_w": _enc(c.bbus.recharge_w),
+        "bbu_cycles": {
+            "turn": _enc(c.bbus.cycles.turn),
+            "extreme": _enc(c.bbus.cycles.extreme),
+            "direction": _enc(c.bbus.cycles.direction.astype(np.float64)),
+        },
         "recent_rise_w": _enc(c.recent_rise_w),
         "pcc_fit": _enc(c.pcc_check.sums),
     }
@@ -144,8 +169,29 @@ def dimmer_from_dict(c: DimmerController, d: dict[str, Any]) -> None:
     _window_from(trial.domain_env, d.get("domain_env"), "domain_env")
     _window_from(trial.rack_env, d.get("rack_env"), "rack_env")
     _lowpass_from(trial.forecast, d.get("forecast"), (1,), "forecast")
-    _lowpass_from(trial.bus_mean, d.get("bus_mean"), (1,), "bus_mean")
-    _lowpass_from(trial.rack_mean, d.get("rack_mean"), (site.n_racks,), "rack_mean")
+    _level_from(trial.bus_level, d.get("bus_level"), "bus_level")
+    # absent from files saved before the BBU policy: a fresh day's allowance, no recharge under way, no open run
+    n = (site.n_racks,)
+    if "bbu_allowance" in d:
+        allowance = _dec_arr(d["bbu_allowance"], n, "bbu_allowance")
+        if not np.all(np.isfinite(allowance)):
+            raise StateMismatch("bbu_allowance: not finite")
+        trial.bbus.allowance = np.minimum(allowance, trial.bbus.budget)
+    if "bbu_recharge_w" in d:
+        recharge = _dec_arr(d["bbu_recharge_w"], n, "bbu_recharge_w")
+        if not np.all(np.isfinite(recharge)):
+            raise StateMismatch("bbu_recharge_w: not finite")
+        trial.bbus.recharge_w = np.clip(recharge, 0.0, trial.bbus.rated_recharge_w)
+    runs = d.get("bbu_cycles")
+    if runs is not None:
+        if not isinstance(runs, dict):
+            raise StateMismatch("bbu_cycles: not a cycle counter")
+        direction = _dec_arr(runs.get("direction"), n, "bbu_cycles.direction")
+        if not np.all(np.isin(direction, (-1.0, 0.0, 1.0))):
+            raise StateMismatch("bbu_cycles.direction: not -1, 0 or 1")
+        trial.bbus.cycles.turn = _dec_arr(runs.get("turn"), n, "bbu_cycles.turn")
+        trial.bbus.cycles.extreme = _dec_arr(runs.get("extreme"), n, "bbu_cycles.extreme")
+        trial.bbus.cycles.direction = direction.astype(np.int8)
     # absent from files saved before the PCC check and the rise memory existed: those start fresh
     rises = c.recent_rise_w.shape
     recent_rise = _dec_arr(d["recent_rise_w"], rises, "recent_rise_w") if "recent_rise_w" in d else np.zeros(rises)
@@ -159,7 +205,7 @@ def dimmer_from_dict(c: DimmerController, d: dict[str, Any]) -> None:
     c.grid_target_w = grid
     c.excess_j = max(excess, 0.0)
     c.domain_env, c.rack_env = trial.domain_env, trial.rack_env
-    c.forecast, c.bus_mean, c.rack_mean = trial.forecast, trial.bus_mean, trial.rack_mean
+    c.forecast, c.bus_level, c.bbus = trial.forecast, trial.bus_level, trial.bbus
     c.recent_rise_w = recent_rise
     if pcc_fit is not None:
         c.pcc_check.sums = pcc_fit

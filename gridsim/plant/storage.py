@@ -122,7 +122,8 @@ class RackBbus:
     """ORv3 rack BBU shelves: shave each rack's draw to a threshold, recharge below it (OCP ORv3; MICRO 2020).
 
     discharge = clip(rack - threshold, 0, power), limited by the energy above soc_min;
-    recharge (only when rack < threshold) = min(recharge_w, threshold - rack, power, room below soc_max).
+    recharge (only when rack < threshold) = min(recharge_w, the shelf's rated recharge, threshold - rack, power, room
+    below soc_max).
     threshold = inf makes the BBU backup only: it never discharges and recharges at recharge_w whenever below
     soc_max (uncoordinated recharge). Charge and discharge efficiency are both sqrt(round_trip_eff).
     """
@@ -130,6 +131,8 @@ class RackBbus:
     def __init__(self, site: SiteModel) -> None:
         rs = site.rack_storage
         self.power_max_w: FloatArray = rs.bbu_power_w.astype(np.float64, copy=True)
+        # the shelf's charger rating: a controller may ask for less, never for more
+        self.recharge_max_w: FloatArray = np.minimum(rs.bbu_recharge_w, rs.bbu_power_w).astype(np.float64)
         self.capacity_j: FloatArray = rs.bbu_energy_j.astype(np.float64, copy=True)
         self.round_trip_eff = float(rs.bbu_round_trip_eff)
         self.soc_min_frac = float(rs.bbu_soc_min_frac)
@@ -187,7 +190,7 @@ class RackBbus:
         # recharge = threshold - rack, within recharge_w, power and the room below soc_max
         np.subtract(threshold_w, rack_w, out=rec)
         np.minimum(rec, recharge_w, out=rec)
-        np.minimum(rec, self.power_max_w, out=rec)
+        np.minimum(rec, self.recharge_max_w, out=rec)
         np.subtract(self._max_j, st, out=tmp)
         tmp *= 1.0 / (eff * dt_s)
         np.minimum(rec, tmp, out=rec)

@@ -1,0 +1,170 @@
+"""Rack BBUs as what they are: backup units first, a relief of last resort before a cap, within a wear budget.
+
+A BBU shelf is sized and rated to carry its rack through an outage (OCP ORv3: the rack at full draw for 90 s), and
+its Li-ion cells are rated for thousands of full cycles, not the tens of thousands a year that shaving every
+iteration's peak costs (a 2 s swing is 43,200 micro-cycles a day; on the Xu et al. depth-stress curve a 0.3 %
+cycle weighs 0.7 % of a full one, 300 full cycles a day). So here the BBUs:
+
+- never follow the swing: their threshold is +inf (backup only) unless a domain above the rack is planned over its
+  soft threshold; then the threshold holds the rack at its share of that threshold (its bound scaled by soft /
+  planned load of its most loaded domain), so the BBUs take the excess before a cap does. While relieving a BBU
+  does not recharge, so one relief is one monotone discharge: one cycle of its depth, not one per iteration;
+- keep a ride-through reserve: `reserve_s` seconds of the rack's present load, counted as the outage would use it
+  (the whole store, after discharge losses; the same reckoning as gridsim's `min_bbu_ride_through_s`), and never
+  less than the shelf's shaving floor;
+- spend at most `cycle_budget_per_day` depth-weighted cycles a day each: an allowance refilled continuously (at
+  most one day's worth banked), charged with every half cycle the reported SoC closes, whoever caused it; a relief
+  stops before the cycle it opens would cost more than the allowance left;
+- recharge only while every domain above has room, at an allowance that rises slowly (a share of the utility's
+  ramp a period, spread over the racks that recharge) and tapers as a shelf nears full, so the recharge never steps
+  the grid: 576 shelves starting at 13 kW at once would be a 7.5 MW step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import numpy.typing as npt
+import scipy.sparse as sp
+
+from dimmer.site import SiteModel
+from dimmer.wear import DAY_S, depth_weight
+
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+class HalfCycles:
+    """Depth-weighted half cycles of every rack's reported SoC, counted as its runs turn (vectorised over racks).
+
+    A run that reverses by more than `hysteresis` closes a half cycle of its depth (at half a cycle's weight).
+    Counting each reversal on its own never pairs a small cycle inside a large one as rainflow does, so it charges
+    at least what rainflow would: the safe side for a budget.
+    """
+
+    def __init__(self, n: int, window_frac: float, hysteresis: float = 2e-4) -> None:
+        self.window = max(window_frac, 1e-9)
+        self.h = hysteresis
+        self.turn = np.full(n, np.nan)  # SoC at the last turning point
+        self.extreme = np.full(n, np.nan)  # the run's furthest value since it
+        self.direction = np.zeros(n, dtype=np.int8)  # +1 rising, -1 falling, 0 not yet moved
+
+    def update(self, soc: FloatArray) -> FloatArray:
+        """Take this period's SoC (NaN: unknown, skipped); return each rack's weight closed now (full cycles)."""
+        known = np.isfinite(soc)
+        fresh = known & ~np.isfinite(self.turn)
+        self.turn = np.where(fresh, soc, self.turn)
+        self.extreme = np.where(fresh, soc, self.extreme)
+        d, ext = self.direction, self.extreme
+        turned = known & (((d > 0) & (soc <= ext - self.h)) | ((d < 0) & (soc >= ext + self.h)))
+        closed = np.where(turned, 0.5 * depth_weight(np.abs(ext - self.turn) / self.window), 0.0)
+        self.turn = np.where(turned, ext, self.turn)
+        self.direction = np.where(turned, -d, d).astype(np.int8)
+        start = known & (self.direction == 0) & (np.abs(soc - ext) >= self.h)
+        self.direction = np.where(start, np.sign(soc - ext), self.direction).astype(np.int8)
+        up, down = known & (self.direction > 0), known & (self.direction < 0)
+        self.extreme = np.where(turned, soc, np.where(up, np.fmax(ext, soc), np.where(down, np.fmin(ext, soc), ext)))
+        out: FloatArray = closed
+        return out
+
+    def open_depth(self) -> FloatArray:
+        """Depth (share of the window) of the run under way; 0 where none."""
+        out: FloatArray = np.nan_to_num(np.abs(self.extreme - self.turn) / self.window, nan=0.0)
+        return out
+
+
+class BbuPolicy:
+    """The BBU thresholds and recharge allowances of every rack, vectorised over racks."""
+
+    def __init__(self, site: SiteModel, cycle_budget_per_day: float, reserve_s: float, recharge_full_tau_s: float):
+        rs = site.rack_storage
+        self.has = rs.bbu_energy_j > 0
+        self.energy_j = rs.bbu_energy_j.astype(np.float64)
+        self.power_w = rs.bbu_power_w.astype(np.float64)
+        self.rated_recharge_w = np.minimum(rs.bbu_recharge_w, rs.bbu_power_w).astype(np.float64)
+        self.soc_min, self.soc_max = rs.bbu_soc_min_frac, rs.bbu_soc_max_frac
+        self.discharge_eff = math.sqrt(rs.bbu_round_trip_eff)
+        self.budget = float(cycle_budget_per_day)  # full cycles a day, each rack
+        # cycles left to spend: none banked at the start, so no run, however short, spends more than its share of
+        # the day (a day banked at most)
+        self.allowance = np.zeros(site.n_racks)
+        self.cycles = HalfCycles(site.n_racks, self.soc_max - self.soc_min)
+        self.reserve_s = reserve_s
+        self.full_tau_s = recharge_full_tau_s
+        self.recharge_w = np.zeros(site.n_racks)
+        # rack -> the domains above it (CSR rows)
+        self._rack_domains = sp.csr_array(site.incidence.T)
+        self._rack_domains.sort_indices()
+
+    def reserve_soc(self, load_w: FloatArray) -> FloatArray:
+        """The SoC each shelf keeps: `reserve_s` of its rack's present load as an outage draws it, at least the
+        shaving floor."""
+        need = np.divide(
+            self.reserve_s * np.maximum(load_w, 0.0),
+            self.energy_j * self.discharge_eff,
+            out=np.zeros_like(load_w),
+            where=self.has,
+        )
+        out: FloatArray = np.clip(need, self.soc_min, self.soc_max)
+        return out
+
+    def can_hold(self, soc: FloatArray, bound_w: FloatArray) -> BoolArray:
+        """Where a shelf can take a rack's surge for a period or two: present, SoC known and above its reserve."""
+        soc_k = np.nan_to_num(soc, nan=-1.0)
+        out: BoolArray = self.has & (soc_k > self.reserve_soc(np.nan_to_num(bound_w, nan=0.0)))
+        return out
+
+    def relief_scale(self, planned_w: FloatArray, soft_w: FloatArray) -> FloatArray:
+        """Per rack: soft / planned load of the most loaded domain above it, where that is under 1 (1 elsewhere)."""
+        share = np.where(planned_w > soft_w, soft_w / np.maximum(planned_w, 1e-9), 1.0)
+        out: FloatArray = np.minimum.reduceat(share[self._rack_domains.indices], self._rack_domains.indptr[:-1])
+        return out
+
+    def step(
+        self,
+        dt_s: float,
+        soc: FloatArray,
+        bound_w: FloatArray,
+        scale: FloatArray,
+        room: BoolArray,
+        recharge_rise_w: float,
+        guard_w: FloatArray | None = None,
+    ) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """(threshold W, recharge allowance W, relief W each rack's BBU is counted on) for this period.
+
+        `soc` as reported (NaN unknown: no relief, no recharge); `bound_w` the most each rack may draw before its
+        BBU this period (the reserve is kept for it, too); `scale` from relief_scale; `room` where every domain
+        above the rack may take more load; `recharge_rise_w` how much the racks' total recharge may grow this
+        period; `guard_w` a threshold each rack's BBU holds even when not relieving (inf: none): a rack whose job
+        is not running may come back faster than a period, and a threshold above its usual draw costs nothing
+        until it does (kept only above the reserve).
+        """
+        known = np.isfinite(soc) & self.has
+        spent = self.cycles.update(np.where(self.has, soc, np.nan))
+        refill = self.budget * dt_s / DAY_S
+        self.allowance = np.minimum(self.allowance + refill - spent, self.budget)
+        # the relief under way, closed by the recharge that follows it, is a whole cycle of its depth
+        opened = depth_weight(self.cycles.open_depth()) * (self.cycles.direction < 0)
+
+        reserve = self.reserve_soc(np.nan_to_num(bound_w, nan=0.0))
+        soc_k = np.nan_to_num(soc, nan=self.soc_min)
+        can_give = known & (soc_k > reserve) & (self.allowance - opened > 0)
+        relieve = can_give & (scale < 1.0)
+        guard = np.full_like(bound_w, np.inf) if guard_w is None else guard_w
+        guard = np.where(known & (soc_k > reserve), guard, np.inf)
+        threshold = np.where(relieve, np.maximum(bound_w * scale, 0.0), guard)
+        energy_left_w = np.where(relieve, (soc_k - reserve) * self.energy_j * self.discharge_eff / max(dt_s, 1e-3), 0.0)
+        relief = np.where(relieve, np.minimum(np.minimum(bound_w - threshold, self.power_w), energy_left_w), 0.0)
+        relief = np.maximum(relief, 0.0)
+
+        # recharge: with room, never while relieving; rises slowly, tapers to 0 as a shelf fills. A shelf under its
+        # reserve recharges without room (the caps make it): ride-through comes before goodput
+        want = known & (room | (soc_k < reserve)) & ~relieve & (soc_k < self.soc_max - 1e-4)
+        taper_w = np.maximum(self.soc_max - soc_k, 0.0) * self.energy_j / self.full_tau_s
+        top_w = np.minimum(self.rated_recharge_w, taper_w)
+        n_want = int(np.count_nonzero(want))
+        rise = recharge_rise_w / n_want if n_want else 0.0
+        rise = rise if math.isfinite(rise) else float(np.max(self.rated_recharge_w, initial=0.0))
+        self.recharge_w = np.where(want, np.minimum(self.recharge_w + rise, top_w), 0.0)
+        return threshold, self.recharge_w.copy(), relief
