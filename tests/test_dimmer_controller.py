@@ -457,3 +457,29 @@ def test_an_offline_battery_low_on_charge_raises_no_floors() -> None:
         act = ctrl.step(_obs(site, float(k), 700.0, bess_online=False, bess_soc_frac=0.2))
         assert act.rack_floor_w.max() == 0.0, k
         assert act.bess_setpoint_w == 0.0
+
+
+def _caps_under_limits(lead: float, limits_w: list[float]) -> list[float]:
+    """The lowest job cap after each period, the PCC limit read as `limits_w` (after ten steady periods)."""
+    site = _site()
+    ctrl = make_controller("dimmer", site, {"limit_lead_periods": lead})
+    for k in range(1, 11):
+        ctrl.step(_obs(site, float(k), 700.0))
+    return [
+        float(ctrl.step(_obs(site, 11.0 + i, 700.0, pcc_limit_w=w)).rack_cap_w.min()) for i, w in enumerate(limits_w)
+    ]
+
+
+def test_a_limit_that_ramps_down_is_planned_where_it_will_be() -> None:
+    """A limit falling 20 kW a period is planned two periods ahead: the caps come down sooner, never later."""
+    ramp = [0.9e6 - 0.02e6 * k for k in range(1, 12)]
+    ahead, read = _caps_under_limits(2.0, ramp), _caps_under_limits(0.0, ramp)
+    assert all(a <= r + 1e-9 for a, r in zip(ahead, read, strict=True))
+    assert any(a < r - 1.0 for a, r in zip(ahead, read, strict=True))
+
+
+def test_a_limit_that_steps_down_is_not_extrapolated() -> None:
+    """A step has already arrived: one fall to 0.7 MW is planned where it is, with or without the lead (planned
+    two falls further on, the caps would be cut for a limit of 0.3 MW)."""
+    steps = [0.7e6] * 4
+    assert _caps_under_limits(2.0, steps) == _caps_under_limits(0.0, steps)

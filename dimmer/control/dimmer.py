@@ -130,6 +130,7 @@ class DimmerController:
         self.job_run_since_s = np.full(site.n_jobs, -math.inf)  # when each job last began running (inf: not now)
         self.long_env_w = np.full(site.n_racks, np.nan)  # each rack's peak reading, held over return_hold_s
         self.prev_pcc_limit_w: float | None = None
+        self.prev_limit_fall_w = 0.0  # how far the limit fell in the period before
         self.was_blind = False  # the last step had no trusted PCC reading
         self.bess_was_online = True
         self.prev_guard_w = np.full(site.n_racks, np.inf)  # each rack's guard threshold last period (inf: none)
@@ -319,11 +320,12 @@ class DimmerController:
         bus_w = float(domain_w[0]) + bess_now_w
         ramp_step = site.ramp_limit_w_per_min / 60.0 * p.ramp_margin_frac * dt
         # the limit as it will be when these actions act: a curtailment ramping the limit down is planned against
-        # where it will be limit_lead_periods from now, not where it was read
+        # where it will be limit_lead_periods from now, not where it was read. A ramp is a fall two periods in a
+        # row (the smaller of the two is its rate); a step has already arrived and is not extrapolated.
         pcc_limit_w = obs.pcc_limit_w
-        if self.prev_pcc_limit_w is not None and pcc_limit_w < self.prev_pcc_limit_w:
-            pcc_limit_w -= (self.prev_pcc_limit_w - pcc_limit_w) * p.limit_lead_periods
-        self.prev_pcc_limit_w = obs.pcc_limit_w
+        fall_w = 0.0 if self.prev_pcc_limit_w is None else max(self.prev_pcc_limit_w - pcc_limit_w, 0.0)
+        pcc_limit_w -= min(fall_w, self.prev_limit_fall_w) * p.limit_lead_periods
+        self.prev_pcc_limit_w, self.prev_limit_fall_w = obs.pcc_limit_w, fall_w
         grid_cap = pcc_limit_w * p.pcc_margin_frac
         bus_now_w = bus_w
         if pcc_ok and self.was_blind:
