@@ -293,9 +293,11 @@ def test_server_outage_daemon_keeps_cycling_flags_goes_safe_and_recovers(
     during = run.between(t_fault, t_back)
     assert len(during) >= 0.8 * (t_back - t_fault) / PERIOD_S
     assert all(r["mode"] == "running" for r in run.records) and s["mode"] is Mode.RUNNING
-    # failing requests fail fast: refused connections, not requests left to time out (how long a cycle takes in
-    # wall time is the benchmarks' business, not a test's: a busy shared machine must not fail it)
-    assert not any("no answer within" in (w.get("error") or "") for r in during for w in r["writes"])
+    # every write in the outage failed, as unreachable or (a request in flight when the server closed, or a refused
+    # connect that a loaded machine took longer than the daemon's wall timeout to report) timed out, nothing else;
+    # once flagged, they fail fast (below). How long a cycle takes in wall time is the benchmarks' business.
+    errors = [w.get("error") or "" for r in during[1:] for w in r["writes"]]
+    assert errors and all(("DeviceUnreachable" in e) or ("no answer within" in e) for e in errors), set(errors)
     # what it said: every device flagged after fail_after (3) failed reads, every write failed, and why
     flagged = run.between(t_fault + 3.5 * PERIOD_S, t_back)
     assert flagged and all(sorted(r["flagged"]) == sorted(DEVICES) for r in flagged)
