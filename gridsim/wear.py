@@ -36,6 +36,9 @@ def equivalent_cycles(soc_frac: npt.ArrayLike, window_frac: float = 1.0) -> floa
         return 0.0
     if x.size == 2:  # one run with no turn: half a cycle (rainflow counts nothing for two points)
         return 0.5 * float(depth_weight(abs(x[1] - x[0]) / window_frac))
+    # Counted at a resolution of 1e-12 of charge: rainflow finds turns from products of successive differences, and
+    # a denormal step (1e-311) underflows them to 0, which lost a whole 0.3-deep cycle as two turns at one value.
+    x = np.round(x, 12)
     cycles = list(rainflow.count_cycles(x))  # (range, count), count 0.5 for a half cycle
     if not cycles:
         return 0.0
