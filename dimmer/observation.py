@@ -25,7 +25,8 @@ class Observation:
     # racks
     rack_power_w: FloatArray  # AC input from the supply (what the breakers carry), window mean; NaN where missing
     rack_load_w: FloatArray  # what the rack's IT load draws, before its BBU (power-shelf output); NaN where missing
-    rack_age_s: FloatArray  # age of each rack reading; inf if never read
+    # age of each rack's latest reading that arrived (where this period's is missing: the last one's); inf if none
+    rack_age_s: FloatArray
     rack_cap_w: FloatArray  # per-GPU power cap the GPUs report enforcing
     rack_floor_w: FloatArray  # per-GPU power floor in force
     rack_bbu_soc_frac: FloatArray

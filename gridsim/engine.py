@@ -170,8 +170,11 @@ class Simulation:
     def observe(self, t_s: float, k: int, freq_hz: float) -> Observation:
         site, tel = self.site, self.sc.telemetry
         rows = self.ring.shape[0]
-        # Rows written at ticks k-delay-window+1 .. k-delay (ring index = tick % rows).
-        idx = (np.arange(k - self.delay_ticks - self.window_ticks + 1, k - self.delay_ticks + 1)) % rows
+        # Rows written at ticks k-delay-window+1 .. k-delay (ring index = tick % rows). A delayed meter's first
+        # readings are of the site before the run, which is the site as it starts: tick 0, not the ring's zeros
+        # (read as a campus at 0 MW, a 2 s delay had the battery discharge 4 MW to "follow" the first real reading).
+        ticks = np.arange(k - self.delay_ticks - self.window_ticks + 1, k - self.delay_ticks + 1)
+        idx = np.maximum(ticks, 0) % rows
         rack_w = self.ring[idx].mean(axis=0)
         load_w = self.ring_load[idx].mean(axis=0)
         grid_w = float(self.ring_grid[idx].mean())
@@ -183,18 +186,17 @@ class Simulation:
             domain_w = domain_w * (1 + tel.noise_frac * self.rng_telemetry.standard_normal(site.n_domains))
         rack_w = rack_w.copy()
         load_w = load_w.copy()
+        arrived = np.ones(site.n_racks, dtype=bool)
         if tel.dropout_prob > 0:
-            lost = self.rng_telemetry.random(site.n_racks) < tel.dropout_prob
-            rack_w[lost] = np.nan
-            load_w[lost] = np.nan
-            self.rack_last_ok_s[~lost] = t_s
-        else:
-            self.rack_last_ok_s[:] = t_s
+            arrived &= self.rng_telemetry.random(site.n_racks) >= tel.dropout_prob
         dark = self.faults.racks_dark(t_s)
         if dark is not None:  # host agents down: their racks' readings stop arriving
-            rack_w[dark] = np.nan
-            load_w[dark] = np.nan
-            self.rack_last_ok_s[dark & (self.rack_last_ok_s == t_s)] = t_s - self.sc.engine.control_period_s
+            arrived &= ~dark
+        rack_w[~arrived] = np.nan
+        load_w[~arrived] = np.nan
+        # a rack's age is its latest reading's that arrived: it grows while none does (a dark rack reported 1 s old
+        # for as long as its agent was down, so a controller holding a lost reading for its age held it for ever)
+        self.rack_last_ok_s[arrived] = t_s
         age = t_s - self.rack_last_ok_s + tel.delay_s
         seen = Telemetry(rack_w, load_w, age, domain_w, np.full(site.n_domains, tel.delay_s), grid_w, tel.delay_s)
         self.faults.telemetry(t_s, seen)

@@ -191,6 +191,45 @@ def test_stale_telemetry_moves_caps_down_to_the_safe_level_never_up() -> None:
     assert any(r.layer == "safety" for r in act.reasons)
 
 
+def _rl_capped_and_rising(site: SiteModel) -> tuple[DimmerController, float]:
+    """An overloaded row caps rl, then the load falls and rl's caps climb back: the controller at t = 10 s."""
+    ctrl = make_controller("dimmer", site, {"envelope_s": 1.0})
+    for k in range(1, 6):
+        ctrl.step(_obs(site, float(k), 1260.0))
+    for k in range(6, 11):
+        cap = _job_caps(site, ctrl.step(_obs(site, float(k), 600.0)).rack_cap_w)["rl"]
+    assert 0.6 * site.gpu.rated_w < cap < site.gpu.rated_w  # capped, above the safe cap, and rising
+    assert isinstance(ctrl, DimmerController)
+    return ctrl, cap
+
+
+def test_a_reading_lost_for_one_period_is_held_neither_sent_to_the_safe_cap_nor_raised() -> None:
+    site = _site()
+    ctrl, cap = _rl_capped_and_rising(site)
+    power = site.rack_power_w(np.full(site.n_racks, 600.0))
+    power[5] = np.nan  # an rl rack's reading lost on the network; its age is the previous reading's, 1 s later
+    age = np.full(site.n_racks, 1.0)
+    age[5] = 2.0
+    held = _job_caps(site, ctrl.step(_obs(site, 11.0, 600.0, rack_power_w=power, rack_age_s=age)).rack_cap_w)
+    assert held["rl"] == cap  # not raised without a reading, not cut to the safe cap for one lost reading
+    back = _job_caps(site, ctrl.step(_obs(site, 12.0, 600.0)).rack_cap_w)
+    assert back["rl"] > cap  # the next reading arrives: the climb goes on
+
+
+def test_a_nan_reported_as_fresh_is_held_only_for_stale_s_then_the_rack_is_at_the_safe_cap() -> None:
+    site = _site()
+    ctrl, cap = _rl_capped_and_rising(site)
+    power = site.rack_power_w(np.full(site.n_racks, 600.0))
+    power[5] = np.nan  # a source that reports NaN with a fresh age: the age never grows
+    caps = [
+        _job_caps(site, ctrl.step(_obs(site, 10.0 + k, 600.0, rack_power_w=power)).rack_cap_w)["rl"]
+        for k in (1, 2, 3, 4, 5, 6, 7)
+    ]
+    # the last good reading was taken at 9 s (10 s, 1 s old): held through 14 s, at the safe cap from 15 s
+    assert caps[:4] == [cap] * 4
+    assert max(caps[5:]) <= 0.6 * site.gpu.rated_w
+
+
 def test_a_dead_campus_meter_caps_everything_at_the_safe_level() -> None:
     site = _site()
     ctrl = make_controller("dimmer", site)

@@ -107,6 +107,20 @@ def test_cap_writes_that_do_not_arrive(tmp_path: Path, mode: str) -> None:
     assert np.all(caps[in_r1] == probe.site.gpu.rated_w)  # row 1 never got (or took) the cap
     if mode == "agent_down":
         assert np.all(np.isnan(probe.seen[-1].rack_power_w[10:]))
+        # a dark rack's age is its last reading's, and it grows for as long as the agent is down
+        ages = np.array([o.rack_age_s[10] for o in probe.seen])
+        assert np.all(np.diff(ages) > 0) and ages[-1] > 30.0
+        assert probe.seen[-1].rack_age_s[0] < 2.0
+
+
+def test_a_delayed_meter_reads_the_site_as_it_starts_never_an_empty_campus(tmp_path: Path) -> None:
+    loaded = LoadedScenario(validate_scenario({**BASE, "telemetry": {"delay_s": 2.0}}, "test"), "test", tmp_path)
+    site = loaded.site()
+    probe = Probe(site, at_s=1e9)
+    Simulation(loaded, site, probe, 0).run()
+    first, settled = probe.seen[0], probe.seen[10]
+    assert first.pcc_power_w == pytest.approx(settled.pcc_power_w, rel=0.05)  # the flat load as it starts, not 0 W
+    assert np.all(first.rack_power_w > 0.9 * settled.rack_power_w)
 
 
 def test_delayed_commands(tmp_path: Path) -> None:
