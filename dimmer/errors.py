@@ -24,6 +24,11 @@ class InputError(DimmerError):
         self.expected = expected
         super().__init__(f"{source}: {key}: {expected}")
 
+    def __reduce__(self) -> tuple[type[InputError], tuple[str, str, str]]:
+        # rebuilt from its three parts, so it crosses a process pool whole (rebuilt from its message alone, it
+        # broke the pool, and a bad scenario in a parallel compare or sweep ended in a traceback, not one line)
+        return (type(self), (self.source, self.key, self.expected))
+
 
 def key_path(loc: Sequence[Any]) -> str:
     """Render a pydantic/TOML location such as ("jobs", 0, "gpus") as "jobs[0].gpus"."""

@@ -139,3 +139,21 @@ def test_malformed_trace_file_is_one_line_exit_2_nothing_written(
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "jobs[0].trace_path" in err and expected in err.lower()
     assert not out.exists()
+
+
+def _raise_input_error(source: str) -> None:
+    raise InputError(source, "jobs[0].gpus", "a positive integer")
+
+
+def test_an_input_error_crosses_a_process_pool_whole() -> None:
+    """A sweep or a site suite runs points in worker processes: the error a worker raises must arrive as the same
+    one-line InputError (it used to break the pool: its constructor could not be called with the message alone)."""
+    import pickle
+    from concurrent.futures import ProcessPoolExecutor
+
+    err = pickle.loads(pickle.dumps(InputError("a.toml", "jobs[0].gpus", "a positive integer")))
+    assert (err.source, err.key, err.expected) == ("a.toml", "jobs[0].gpus", "a positive integer")
+    with ProcessPoolExecutor(max_workers=1) as pool:
+        fut = pool.submit(_raise_input_error, "b.toml")
+        with pytest.raises(InputError, match=r"^b\.toml: jobs\[0\]\.gpus: a positive integer$"):
+            fut.result()
