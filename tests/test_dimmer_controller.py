@@ -153,7 +153,8 @@ def test_grant_gives_highest_priority_first_within_headroom() -> None:
 def test_overloaded_row_caps_the_lowest_priority_job_there_and_plans_under_the_rating() -> None:
     site = _site()
     ctrl = make_controller("dimmer", site)
-    act = ctrl.step(_obs(site, 1.0, 1260.0))
+    # (a breaker that reports no thermal state: the overload is cut at once)
+    act = ctrl.step(_obs(site, 1.0, 1260.0, domain_thermal_frac=np.full(site.n_domains, np.nan)))
     caps = _job_caps(site, act.rack_cap_w)
     assert caps["eval"] < site.gpu.rated_w  # the low-priority job in the overloaded row is dimmed...
     assert caps["pretrain"] == site.gpu.rated_w or caps["pretrain"] > caps["eval"]  # ...before the important one
@@ -162,6 +163,30 @@ def test_overloaded_row_caps_the_lowest_priority_job_there_and_plans_under_the_r
     assert act.planned_domain_w[row0] <= site.domain_rating_w[row0]
     assert any(r.layer == "emergency" and r.domain == row0 for r in act.reasons)
     assert np.all(act.rack_cap_w >= site.gpu.min_cap_w) and np.all(act.rack_cap_w <= site.gpu.rated_w)
+
+
+@pytest.mark.parametrize("thermal_frac", [0.0, 0.95])
+def test_an_overload_a_cool_breaker_can_carry_is_cut_at_the_ramp_a_hot_one_at_once(thermal_frac: float) -> None:
+    site = _site(ramp_mw_per_min=1.0)  # 0.7 x 1 MW/min: the planned level may fall ~11.7 kW a second in all
+    ctrl = make_controller("dimmer", site)
+    row0 = site.domain_index("r0")
+    thermal = np.full(site.n_domains, thermal_frac)
+    planned, acts = [], []
+    for k in range(1, 6):
+        acts.append(ctrl.step(_obs(site, float(k), 1260.0, domain_thermal_frac=thermal)))
+        assert acts[-1].planned_domain_w is not None
+        planned.append(float(acts[-1].planned_domain_w[row0]))
+    act = acts[0]
+    seen = float(site.domain_load_w(site.rack_power_w(np.full(site.n_racks, 1260.0)))[row0])
+    rating = float(site.domain_rating_w[row0])
+    assert seen > 1.1 * rating  # the row is 14 % over its rating
+    if thermal_frac < 0.9:  # cool: the row comes down by its share of the ramp a period, never in one step
+        assert seen - planned[0] <= 11.7e3 + 1.0
+        assert np.all(np.diff(planned) < 0) and np.all(np.diff(planned) >= -11.7e3 - 1.0)
+        assert any(r.layer == "capping" and "at the ramp" in r.reason for r in act.reasons)
+    else:  # near its trip point: under the rating at once
+        assert planned[0] <= rating
+        assert any(r.layer == "emergency" and r.domain == row0 for r in act.reasons)
 
 
 def test_caps_rise_slowly_once_load_is_back_under_the_release_level() -> None:

@@ -16,11 +16,7 @@ LIBRARY = sorted(SCENARIOS.glob("*.toml"))
 
 # Known defects the metrics expose, each an open mechanism of an issue: the test fails once one is fixed, so the
 # entry goes with the fix.
-KNOWN_RAMP_VIOLATIONS = {
-    # issue #11, mechanism 6: the first action caps the oversubscribed row in one step (grid import 8.6 -> 6.6 MW
-    # at t = 1 s, 1.76 MW/min against 1 MW/min); the ramp metric counts it since it is measured from t = 0
-    "oversubscribed-row": "issue #11 mechanism 6: a step at the first action",
-}
+KNOWN_RAMP_VIOLATIONS: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("path", LIBRARY, ids=[p.stem for p in LIBRARY])

@@ -56,6 +56,11 @@ class DimmerParams(Strict):
     # breaker thermal state (1 = trip) that triggers the emergency path: 0.9 is a sustained ~1.09 x rating on a
     # k = 1.15 breaker; a steady load at the soft threshold sits near 0.7
     thermal_emergency_frac: float = Field(default=0.9, gt=0, le=1)
+    # A domain over its rating by less than this, whose breaker reports its thermal state and is under
+    # thermal_emergency_frac, is brought under it at the ramp the utility allows rather than in one step: the
+    # long-time (I^2 t) region, where the thermal state is the guard; 1.3 stays clear of the short-time pickups
+    # (1.5 x Ir at their lowest setting on IEC 60947-2 trip units), which trip in tenths of a second. 1.0: never.
+    pace_max_frac: float = Field(default=1.3, ge=1.0)
     envelope_s: float = Field(default=10.0, gt=0)  # peak-hold window: several iterations of a 0.3-5 s swing
     cap_rise_w_per_s: float = Field(default=20.0, gt=0)  # per GPU: caps rise slowly (GB300: 1.4 % of rated a second)
     # grid shaping
@@ -137,6 +142,7 @@ class DimmerController:
         self.bound_cover_w = 0.0  # the battery's share of the racks' bound above the grid ceiling, ramped in
         self.rack_last_w = np.full(site.n_racks, np.nan)
         self.rack_seen_t_s = np.full(site.n_racks, -np.inf)  # when each rack's last good reading was taken
+        self.pace_level_w = np.full(site.n_domains, np.inf)  # a paced domain's planned level last period
         self.prev_rack_cap_w = np.full(site.n_racks, gpu.rated_w)
         # state
         self.cap_w = np.full(site.n_jobs, gpu.rated_w)
@@ -187,6 +193,42 @@ class DimmerController:
         job_peak = np.zeros(site.n_jobs)
         np.maximum.at(job_peak, site.rack_job[self.running_rack], gpu_env_w[self.running_rack])
         return bool(np.any(capped & (job_peak >= self.cap_w - self.p.cap_rise_w_per_s * self.p.period_s)))
+
+    def _pace_cuts(
+        self,
+        cut: FloatArray,
+        env: FloatArray,
+        soft: FloatArray,
+        limit: FloatArray,
+        over: BoolArray,
+        obs: Observation,
+        ramp_step: float,
+    ) -> tuple[FloatArray, BoolArray]:
+        """(cuts, which domains are paced). A domain over its rating but within pace_max_frac of it, whose breaker
+        reports a thermal state under the emergency level, has its planned level brought down by its share of a ramp
+        step a period (shared by excess among the paced domains of each level), not in one step.
+
+        A thermal breaker trips on I^2 t, not on a reading over its rating: cut in one step, a site whose rows start
+        17-22 % over theirs dropped 1.4 MW in the first second (the BBUs took another 1.4 MW for one second), and
+        its first minute broke a 1 MW/min ramp limit. A breaker that heats to thermal_emergency_frac meanwhile, one
+        that reports no state, and an overload past pace_max_frac are cut at once; the interconnect is never
+        paced."""
+        site = self.site
+        paced = over & (env < self.p.pace_max_frac * limit) & np.isfinite(obs.domain_thermal_frac)
+        paced[0] = False
+        if not (paced.any() and math.isfinite(ramp_step)):
+            self.pace_level_w = np.full(site.n_domains, np.inf)
+            return cut, np.zeros(site.n_domains, dtype=bool)
+        excess = np.where(paced, np.maximum(env - soft, 0.0), 0.0)
+        level_excess = np.zeros(int(site.domain_level.max()) + 1)
+        np.add.at(level_excess, site.domain_level, excess)
+        share = excess / np.maximum(level_excess[site.domain_level], 1e-9)
+        # (from last period's level, not from the envelope where that is lower: a swing's trough would ratchet it)
+        level_w = np.where(np.isfinite(self.pace_level_w), self.pace_level_w, env) - ramp_step * share
+        paced_cut = np.minimum(cut, np.maximum(env - level_w, 0.0))
+        self.pace_level_w = np.where(paced, np.maximum(level_w, env - cut), np.inf)
+        out: FloatArray = np.where(paced, paced_cut, cut)
+        return out, paced
 
     def _live_gpus(self, live_rack: BoolArray) -> FloatArray:
         """(n_jobs,) running GPUs of each job on racks that count at their cap."""
@@ -449,9 +491,13 @@ class DimmerController:
         soft[0] = p.pcc_margin_frac * limit[0]
         cut = progressive_cut_w(env, soft, limit)
         thermal = np.nan_to_num(obs.domain_thermal_frac, nan=0.0)
-        emergency = (env >= p.emergency_frac * limit) | (thermal >= p.thermal_emergency_frac)
+        over = env >= p.emergency_frac * limit
+        emergency = over | (thermal >= p.thermal_emergency_frac)
         emergency[0] = seen_w >= p.emergency_frac * limit[0]  # the bound is a worst case, not a reading
         cut = np.where(emergency, np.maximum(cut, env - soft), cut)
+        cut, paced = self._pace_cuts(
+            cut, env, soft, limit, over & ~(thermal >= p.thermal_emergency_frac), obs, ramp_step
+        )
         # the campus is cut to its bound below, once the jobs' other cuts are known; here the readings and the ramp
         cut[0] = max(grid_cut, seen_w - soft[0] if emergency[0] else 0.0)
         release = p.release_frac * limit
@@ -462,7 +508,8 @@ class DimmerController:
         no_room = np.where(cut > 0, np.inf, 0.0)
         rack_room = self.bbus.relief_scale(np.maximum(env + no_room, 0.0), release) >= 1.0
         ramp_rise_w = ramp_step * p.bbu_recharge_ramp_frac if math.isfinite(ramp_step) else math.inf
-        scale = self.bbus.relief_scale(env, soft)
+        # (a paced cut is no reason to discharge: the BBUs' relief would be a step of its own, on and off)
+        scale = self.bbus.relief_scale(np.where(paced, 0.0, env), soft)
         # a guarded rack's BBU takes only what the interconnect could not: the room left under the limit once the
         # battery has its setpoint is shared by the guarded racks, in proportion to what the guard holds back
         extra_sum_w = float(guard_extra_w.sum())
@@ -533,7 +580,7 @@ class DimmerController:
             # 5. safety: stale telemetry moves a cap down to the safe level, never up
             new_cap = np.where(stale_job, np.minimum(new_cap, self.safe_cap_w), new_cap)
             new_cap = gpu.clamp_cap_w(new_cap)
-            self._explain_caps(reasons, cut, emergency, new_cap, stale_job, unmet)
+            self._explain_caps(reasons, cut, emergency & ~paced, new_cap, stale_job, unmet)
             self.cap_w = new_cap
         rack_cap = self._rack_caps()
         stale_rack = ~rack_ok | (not pcc_ok)
@@ -586,9 +633,12 @@ class DimmerController:
         # planned load of every domain under these caps and floors, for the audit and the safety check
         planned_rack = np.where(job_racks, site.rack_power_w(np.maximum(planned_gpu, floor)), load_env)
         planned = site.domain_load_w(planned_rack)
-        over = planned > obs.domain_limit_w
+        over = (planned > obs.domain_limit_w) & ~paced
         if over.any():
             reasons.append(Reason("safety", f"{int(over.sum())} domain(s) planned over rating: no sheddable load left"))
+        if paced.any():
+            what = f"{int(paced.sum())} domain(s) over rating brought under it at the ramp (their breakers report cool)"
+            reasons.append(Reason("capping", what, value_w=float(cut[paced].sum())))
 
         return Actions(
             rack_cap_w=rack_cap,
