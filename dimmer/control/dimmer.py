@@ -1,21 +1,21 @@
 """The dimmer controller: progressive, job-aware capping coordinated with every level of storage.
 
 Layers, each vectorised over the tree (docs/controller.md has the equations):
-1. Grid shaping: the grid target G follows a low-passed campus demand, moves no faster than the utility ramp limit
-   and stays under the interconnect limit; the campus battery supplies the difference within its power and SoC
-   window, with a slow SoC recovery. What it cannot cover becomes a cut at the campus (demand too high) or a floor
-   (demand falling faster than the grid may follow).
+1. Grid shaping: the grid target G follows a low-passed campus demand (and a load its caps hold back as far as the
+   ramp allows), moves no faster than the utility ramp limit and stays under the interconnect limit; the campus
+   battery supplies the difference within its power and SoC window, with a slow SoC recovery. What it cannot cover
+   becomes a cut at the campus (demand too high) or a floor (demand falling faster than the grid may follow).
 2. Progressive capping: every domain's load envelope (the RMS of recent periods; at the interconnect, a hard
    limit, the most its racks may draw under the caps in force, since 1 s readings hide a swing's peaks) against
-   its rating gives a cut
-   that grows smoothly from a soft threshold, with an emergency path near a trip; cuts go to the lowest priority
-   first as one cap per job. Caps fall at once and rise slowly, with hysteresis.
+   its rating gives a cut that grows smoothly from a soft threshold, with an emergency path near a trip (an
+   overload a breaker that reports itself cool can carry is cut at the ramp instead); cuts go to the lowest
+   priority first as one cap per job. Caps fall at once and rise slowly, with hysteresis.
 3. Trough filling: GPU power floors, raised only when the battery cannot absorb a fall, released at the ramp limit.
 4. Rack storage: BBUs are backup units first (rack_storage.py): backup only unless a domain is planned over its
    soft threshold, then they take the excess before a cap does, within a ride-through reserve and a depth-weighted
    cycle budget; recharged slowly, only with room.
-5. Safety: stale or missing telemetry moves the caps it concerns down to a safe level, never up; the planned load of
-   every domain is checked against its rating before the actions leave.
+5. Safety: stale or missing telemetry (a lost reading held for stale_s first) moves the caps it concerns down to
+   a safe level, never up; the planned load of every domain is checked against its rating before the actions leave.
 """
 
 from __future__ import annotations
@@ -406,7 +406,7 @@ class DimmerController:
                 b.power_w, (1.0 - p.ramp_margin_frac) * site.ramp_limit_w_per_min * site.ramp_window_s / 60
             )
             soc_pull = float(np.clip(soc_pull, -pull_max_w, pull_max_w))
-            if soc_pull > 0 and self._caps_bind(gpu_env):  # (held_back, below, asks the same)
+            if soc_pull > 0 and self._caps_bind(gpu_env):
                 soc_pull = 0.0  # recharge from surplus only, never with power a capped job could use
         battery_back = obs.bess_online and not self.bess_was_online and site.bess.energy_j > 0
         self.bess_was_online = obs.bess_online
@@ -422,10 +422,6 @@ class DimmerController:
         self.was_blind = not pcc_ok
         prev = bus_w if self.grid_target_w is None else self.grid_target_w
         target = forecast + soc_pull
-        # A floor starts from the swing's trough (the least recent reading), not from a reading: floored from a 1 s
-        # mean, the troughs below it are filled and the level the next reading shows is lifted by the floor itself.
-        trough_w = self.rack_env.trough()
-        draw_now = site.gpu_draw_for_rack_w(np.where(np.isfinite(trough_w), np.fmin(trough_w, rack_w), rack_w))
         # A load its caps hold back would rise if they let it: the grid target follows it up as far as the ramp
         # allows, to where the load is and never ahead of it (a target above the load is met by charging or by
         # floors). Following a low-pass of the capped load instead, the target lagged it by the ramp times the
@@ -596,6 +592,10 @@ class DimmerController:
         # energy against the cut that made the fall. A crashed, stopped or idle job's racks may be filled.
         cutting = cut > 0
         cutting[0] = False
+        # a floor starts from the swing's trough (the least recent reading), not from a reading: floored from a 1 s
+        # mean, the troughs below it are filled and the level the next reading shows is lifted by the floor itself
+        trough_w = self.rack_env.trough()
+        draw_now = site.gpu_draw_for_rack_w(np.where(np.isfinite(trough_w), np.fmin(trough_w, rack_w), rack_w))
         capped_running = np.zeros(site.n_racks, dtype=bool)
         if n_jobs:
             job_held = obs.job_running & (self.cap_w < gpu.rated_w)
