@@ -73,6 +73,9 @@ class DimmerParams(Strict):
     # a job that stopped drawing (a synchronous checkpoint stall, a crash) may come back in one tick: its racks'
     # peak readings are held with this time constant in the load the interconnect must be able to take
     return_hold_s: float = Field(default=120.0, ge=0)
+    # ... and held in full for this long after it was last reached, before it decays: a trace's idle lead-in or a
+    # dip of 15-20 s, decaying from its start, came back 15 % above the hold and took the campus over its limit
+    return_hold_full_s: float = Field(default=60.0, ge=0)
     # how far above its highest 1 s reading a rack's swing may peak: a 40 % swing with a 30 % communication share
     # peaks 14 % above its mean, and a reading that mixes phases sits between them (MODELS.md: 30-40 % swings)
     hidden_peak_frac: float = Field(default=0.15, ge=0, le=1)
@@ -134,6 +137,7 @@ class DimmerController:
                               params.bbu_recharge_full_tau_s)  # fmt: skip
         self.job_run_since_s = np.full(site.n_jobs, -math.inf)  # when each job last began running (inf: not now)
         self.long_env_w = np.full(site.n_racks, np.nan)  # each rack's peak reading, held over return_hold_s
+        self.long_env_at_s = np.full(site.n_racks, -math.inf)  # when each rack's reading last reached its hold
         self.prev_pcc_limit_w: float | None = None
         self.prev_limit_fall_w = 0.0  # how far the limit fell in the period before
         self.was_blind = False  # the last step had no trusted PCC reading
@@ -323,10 +327,15 @@ class DimmerController:
         # it can draw under its cap. The interconnect is held on this bound; the battery charges only under it.
         n_jobs = site.n_jobs
         job_rack_now = self.running_rack
-        # (a stopped job's hold does not decay: it may return at any time, and only its BBUs can shield that)
+        # (a stopped job's hold does not decay: it may return at any time, and only its BBUs can shield that; nor
+        # does a running job's within return_hold_full_s of its last peak: a dip in its work is no lasting fall,
+        # and a rack under a cut that stays counted at its cap keeps the cut on its own job, not the one above it)
         decay: float | FloatArray = math.exp(-dt / p.return_hold_s) if p.return_hold_s > 0 else 0.0
+        decay = np.where(obs.t_s - self.long_env_at_s < p.return_hold_full_s, 1.0, decay)
         if n_jobs:
             decay = np.where((self.running_rack & obs.job_running[self.job_rack]) | ~self.running_rack, decay, 1.0)
+        reached = ~(load_env < self.long_env_w * decay)  # (and a first reading, or one after a lost hold)
+        self.long_env_at_s = np.where(reached & np.isfinite(load_env), obs.t_s, self.long_env_at_s)
         self.long_env_w = np.fmax(load_env, self.long_env_w * decay)
         # (the higher of the cap commanded and the cap the GPUs report enforcing: a rack whose writes are lost, or
         # whose firmware ignores them, draws to the cap it has, not the one it was sent)
