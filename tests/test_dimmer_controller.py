@@ -310,14 +310,19 @@ def test_fall_faster_than_the_grid_may_ramp_raises_floors_then_releases_them() -
 def test_bbus_are_backup_units_unless_a_domain_is_over_and_the_budget_allows() -> None:
     """Rack BBUs hold +inf (backup only) while no domain is over its soft threshold. A row at 990 W per GPU (396 kW
     against its 400 kW rating, soft 380 kW) is relieved by its BBUs before a cap only once the cycle budget has
-    accrued (none is banked at the start); a BBU at its ride-through reserve is never used."""
+    accrued (none is banked at the start); a BBU at its ride-through reserve is never used. The breakers do not
+    report their thermal state (one that does is held at its rating, not at the soft threshold)."""
     site = _site()
-    calm = make_controller("dimmer", site).step(_obs(site, 1.0, 600.0))
+    quiet = {"domain_thermal_frac": np.full(site.n_domains, np.nan)}
+    calm = make_controller("dimmer", site).step(_obs(site, 1.0, 600.0, **quiet))
     assert np.all(np.isinf(calm.rack_bbu_threshold_w))
     full = np.full(site.n_racks, 1.0)
     rack_w = site.rack_power_w(np.full(site.n_racks, 990.0))
     ctrl = make_controller("dimmer", site)
-    act = ctrl.step(_obs(site, 7201.0, 990.0, rack_bbu_soc_frac=full))  # 1/12 of a cycle accrued since t = 0
+    act = ctrl.step(_obs(site, 7201.0, 990.0, rack_bbu_soc_frac=full, **quiet))  # 1/12 of a cycle accrued since t = 0
+    # a breaker that reports its thermal state (cool) is held at its 400 kW rating: the row at 396 kW is left alone
+    reporting = make_controller("dimmer", site).step(_obs(site, 7201.0, 990.0, rack_bbu_soc_frac=full))
+    assert np.all(np.isinf(reporting.rack_bbu_threshold_w)) and reporting.rack_cap_w.min() == site.gpu.rated_w
     over = np.isfinite(act.rack_bbu_threshold_w)
     assert over.any()
     # they shave the row toward its soft threshold: under the peak a swing may hide above the reading (15 %)
@@ -327,14 +332,14 @@ def test_bbus_are_backup_units_unless_a_domain_is_over_and_the_budget_allows() -
     # a budget spent: a deep cycle (1.0 -> 0.6 -> 1.0, 0.8 of the window) closed in the last minutes
     spent = make_controller("dimmer", site)
     for k, soc in enumerate((1.0, 0.6, 1.0)):
-        spent.step(_obs(site, 1.0 + k, 990.0, rack_bbu_soc_frac=np.full(site.n_racks, soc)))
-    act = spent.step(_obs(site, 4.0, 990.0, rack_bbu_soc_frac=full))
+        spent.step(_obs(site, 1.0 + k, 990.0, rack_bbu_soc_frac=np.full(site.n_racks, soc), **quiet))
+    act = spent.step(_obs(site, 4.0, 990.0, rack_bbu_soc_frac=full, **quiet))
     assert np.all(np.isinf(act.rack_bbu_threshold_w)) and act.rack_cap_w.min() < site.gpu.rated_w  # caps instead
     # at the reserve (60 s of the rack's load, as an outage draws it) the same request leaves them as backup
     reserve = make_controller("dimmer", site)
     # (the reserve is for the rack's bound, here 1.15 x its 99 kW reading: 60 s of it is SoC 0.574)
     low = np.full(site.n_racks, 0.55)
-    act = reserve.step(_obs(site, 1.0, 990.0, rack_bbu_soc_frac=low))
+    act = reserve.step(_obs(site, 1.0, 990.0, rack_bbu_soc_frac=low, **quiet))
     assert np.all(np.isinf(act.rack_bbu_threshold_w))
 
 

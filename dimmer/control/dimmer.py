@@ -53,6 +53,10 @@ class DimmerParams(Strict):
     soft_frac: float = Field(default=0.95, gt=0, lt=1)  # cuts start here (fraction of the rating in force)
     release_frac: float = Field(default=0.93, gt=0, lt=1)  # caps rise only while the envelope is below this
     emergency_frac: float = Field(default=1.0, gt=0)  # envelope at this fraction of the rating: cut to soft at once
+    # ... and where the breaker reports its thermal state: it shows a load over its rating heating it minutes before
+    # it trips (I^2 t), so the controller needs no margin under the rating to react in; the margin soft_frac keeps
+    # is for a breaker whose only warning is its reading (site-99pct: rows at 99 % as an RMS lost 3 % of goodput)
+    reporting_soft_frac: float = Field(default=1.0, gt=0, le=1)
     # breaker thermal state (1 = trip) that triggers the emergency path: 0.9 is a sustained ~1.09 x rating on a
     # k = 1.15 breaker; a steady load at the soft threshold sits near 0.7
     thermal_emergency_frac: float = Field(default=0.9, gt=0, le=1)
@@ -491,7 +495,8 @@ class DimmerController:
         # to its new setpoint
         seen_w = min(float(dom_peak[0]) + bess_now_w, cut_bound_w) - bess_w
         env[0] = max(cut_bound_w - bess_w, seen_w)
-        soft = p.soft_frac * limit
+        reporting = np.isfinite(obs.domain_thermal_frac)
+        soft = np.where(reporting, p.reporting_soft_frac, p.soft_frac) * limit
         # at the PCC the battery holds the level up to the grid target's ceiling; caps dim only the rest
         soft[0] = p.pcc_margin_frac * limit[0]
         cut = progressive_cut_w(env, soft, limit)
@@ -505,7 +510,7 @@ class DimmerController:
         )
         # the campus is cut to its bound below, once the jobs' other cuts are known; here the readings and the ramp
         cut[0] = max(grid_cut, seen_w - soft[0] if emergency[0] else 0.0)
-        release = p.release_frac * limit
+        release = soft - (p.soft_frac - p.release_frac) * limit
         release[0] = soft[0] - 0.5 * (p.soft_frac - p.release_frac) * limit[0]
 
         # 4. rack storage: over a soft threshold the BBUs (within their reserve and wear budget) take the excess
