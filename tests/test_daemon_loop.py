@@ -359,6 +359,11 @@ def test_state_saved_and_restored(tmp_path: Path) -> None:
         assert c1.grid_target_w == c2.grid_target_w  # type: ignore[attr-defined]
         assert np.array_equal(c1.domain_env._buf, c2.domain_env._buf, equal_nan=True)  # type: ignore[attr-defined]
         assert np.array_equal(c1.recent_rise_w, c2.recent_rise_w)  # type: ignore[attr-defined]
+        # the import's history the ramp rule is read from (the utility's meter remembers it across a restart)
+        assert c1.ramp_room.seen > 0  # type: ignore[attr-defined]
+        assert c1.ramp_room.seen == c2.ramp_room.seen  # type: ignore[attr-defined]
+        assert np.array_equal(c1.ramp_room.history_w, c2.ramp_room.history_w, equal_nan=True)  # type: ignore[attr-defined]
+        assert c1.return_hold.spent_j == c2.return_hold.spent_j  # type: ignore[attr-defined]
         assert c1.pcc_check.sums[0] > 0  # type: ignore[attr-defined]
         assert np.array_equal(c1.pcc_check.sums, c2.pcc_check.sums)  # type: ignore[attr-defined]
         assert c2.t_last_s is None  # type: ignore[attr-defined]
@@ -394,6 +399,11 @@ def test_corrupt_or_mismatched_state_is_ignored(tmp_path: Path, caplog: pytest.L
         lambda x: x["state"]["domain_env"].update(i=99),
         lambda x: x["state"].update(pcc_fit={"shape": [5], "data": ["nan", 0, 0, 0, 0]}),
         lambda x: x["state"].update(recent_rise_w={"shape": [1, 1], "data": [0.0]}),
+        # an import history with a gap after a known reading, or a return hold that has burned less than nothing
+        lambda x: x["state"]["ramp_history_w"].update(
+            data=[1e6] * (len(x["state"]["ramp_history_w"]["data"]) - 1) + ["nan"]
+        ),
+        lambda x: x["state"].update(return_hold={"spent_j": -1.0, "released": False}),
     ):
         bad = controller_state(d.controller, d.loaded.site)
         assert bad is not None

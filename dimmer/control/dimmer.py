@@ -3,8 +3,11 @@
 Layers, each vectorised over the tree (docs/controller.md has the equations):
 1. Grid shaping: the grid target G follows a low-passed campus demand (and a load its caps hold back as far as the
    ramp allows), moves no faster than the utility ramp limit and stays under the interconnect limit; the campus
-   battery supplies the difference within its power and SoC window, with a slow SoC recovery. What it cannot cover
-   becomes a cut at the campus (demand too high) or a floor (demand falling faster than the grid may follow).
+   battery supplies the difference within its power and SoC window, with a slow SoC recovery. The ramp rule itself
+   is held as the utility measures it (ramp_room.py: the least and most the import may be held at, from its last
+   two windows): the battery first keeps the import inside that room, then a cut at the campus (demand too high) or
+   a floor (demand falling faster than the grid may follow); a stopped job's return is held for at the exchange
+   rate of goodput for energy.
 2. Progressive capping: every domain's load envelope (the RMS of recent periods; at the interconnect, a hard
    limit, the most its racks may draw under the caps in force, since 1 s readings hide a swing's peaks) against
    its rating gives a cut that grows smoothly from a soft threshold, with an emergency path near a trip (an
@@ -34,6 +37,7 @@ from dimmer.control.allocation import grant, job_gpus_per_domain, priority_group
 from dimmer.control.filters import LowPass, SwingLevel, Window, progressive_cut_w
 from dimmer.control.plausibility import PHRASES, PccCheck
 from dimmer.control.rack_storage import BbuPolicy
+from dimmer.control.ramp_room import RampRoom, ReturnHold
 from dimmer.errors import from_validation_error
 from dimmer.observation import Actions, Observation, Reason
 from dimmer.site import SiteModel
@@ -95,6 +99,9 @@ class DimmerParams(Strict):
     bess_reserve_frac: float = Field(default=0.15, ge=0, le=1)  # SoC band above the minimum where reliance tapers
     # trough filling
     floor_release_w_per_s: float | None = Field(default=None, gt=0)  # per GPU; default: the ramp limit spread out
+    # what one GPU-second of goodput is worth in energy, where the two trade (floors held for a stopped job's return):
+    # $2.5 a GPU-hour (H100 on demand, 2026) against $0.08 a kWh (US industrial, EIA 2023) is 31 kJ; 0 pays none
+    goodput_worth_j_per_gpu_s: float = Field(default=30e3, ge=0)
     fill_deadband_frac: float = Field(default=0.005, ge=0, le=0.2)  # of the interconnect limit: smaller falls pass
     # rack storage: BBUs are backup units first (dimmer/control/rack_storage.py)
     bbu_cycle_budget_per_day: float = Field(default=1.0, ge=0)  # depth-weighted full cycles a day, each BBU
@@ -156,7 +163,8 @@ class DimmerController:
         self.cap_w = np.full(site.n_jobs, gpu.rated_w)
         self.floor_w = np.zeros(site.n_racks)
         self.grid_target_w: float | None = None
-        self.excess_j = 0.0  # leaky integral (time constant: the ramp window) of load above what the grid may take
+        self.ramp_room = RampRoom(site.ramp_window_s, params.period_s)  # the import's history, as the rule reads it
+        self.return_hold = ReturnHold(params.goodput_worth_j_per_gpu_s)
         self.t_last_s: float | None = None
         all_gpus = float(np.sum(site.rack_active_gpus[site.rack_job >= 0])) or 1.0
         ramp_w_per_s = site.ramp_limit_w_per_min / 60.0
@@ -356,7 +364,12 @@ class DimmerController:
         guard_w = np.full(site.n_racks, np.inf)
         guard_extra_w = np.zeros(site.n_racks)
         returning_w = 0.0  # what the guards hold back of jobs that run again: the caps must make room for it
+        return_w = return_gpus = 0.0  # what the racks of stopped jobs would add back, on how many GPUs
         if n_jobs:
+            down = job_rack_now & ~obs.job_running[self.job_rack]
+            back_w = np.where(down, np.maximum(np.nan_to_num(self.long_env_w) - load_env, 0.0), 0.0)
+            return_w = float(back_w.sum())
+            return_gpus = float(site.rack_active_gpus[down].sum())
             # (and for four periods after its job runs again: the readings show a return a period late, and the
             # battery may still be charging under the bound the BBU held)
             self.job_run_since_s = np.where(obs.job_running, np.fmin(self.job_run_since_s, obs.t_s), np.inf)
@@ -400,6 +413,15 @@ class DimmerController:
         # (a stale reading is a repeat, not a level: it is held, not averaged in)
         level_w = self.bus_level.update(bus_w if pcc_ok else math.nan)
         bus_w = level_w if math.isfinite(level_w) else bus_w
+        # The level is a mean of the last readings, so the cap rises of the last few periods are only partly in it
+        # (a rise granted j + 1 periods ago is in j + 1 of them): the load at the present caps is the level plus the
+        # rest. Compared with the bare level, a load following the target up the ramp looked a few steps behind it,
+        # so the target waited for it and the caps were granted the lag again: a job start climbed at 0.6 of the
+        # ramp the utility allows.
+        n_seen = max(self.bus_level.count, 1)
+        lag = self.recent_rise_w[:, 0]
+        unseen_frac = np.clip(1.0 - (np.arange(lag.shape[0]) + 1.0) / n_seen, 0.0, 1.0)
+        bus_caps_w = bus_w + float(unseen_frac @ lag)
         forecast = float(self.forecast.update(np.array([bus_w]), dt)[0])
         if self.bus_level.warming:
             # the first readings only learn the level: seeded from one reading (a compute phase, say) the target
@@ -433,6 +455,17 @@ class DimmerController:
             forecast = bus_w
             self.bound_cover_w = 0.0
         self.was_blind = not pcc_ok
+        # the ramp rule as the utility measures it: the room the import's last two windows leave a level held from now
+        self.ramp_room.push(float(domain_w[0]))
+        ramp_budget_w = p.ramp_margin_frac * site.ramp_limit_w_per_min * site.ramp_window_s / 60.0
+        room_lo_w, room_hi_w = self.ramp_room.bounds(ramp_budget_w)
+        # (a stopped job's return: the battery at its plan takes what it can of the rise)
+        with_return_w = max(bus_w, bus_now_w) + return_w - max(discharge_plan_w, bess_now_w)
+        climb_w_per_s = ramp_budget_w / site.ramp_window_s
+        room_lo_w = max(
+            room_lo_w,
+            self.return_hold.level_w(return_w, return_gpus, with_return_w, room_lo_w, ramp_budget_w, climb_w_per_s, dt),
+        )
         prev = bus_w if self.grid_target_w is None else self.grid_target_w
         target = forecast + soc_pull
         # A load its caps hold back would rise if they let it: the grid target follows it up as far as the ramp
@@ -443,7 +476,7 @@ class DimmerController:
         held_back = self.grid_target_w is not None and self._caps_bind(gpu_env)
         if math.isfinite(ramp_step):
             if held_back:
-                target = max(target, min(prev + ramp_step, max(bus_w, bus_now_w)))
+                target = max(target, min(prev + ramp_step, max(bus_caps_w, bus_now_w)))
             target = min(max(target, prev - ramp_step), prev + ramp_step)
         target = min(target, grid_cap)
         self.grid_target_w = target
@@ -451,6 +484,16 @@ class DimmerController:
         # charging only under what the racks may draw (their caps, not the readings that hide the peaks)
         charge_w = min(charge_w, max(grid_cap - cut_bound_w, 0.0))
         bess_w = float(np.clip(gap, -charge_w, discharge_w))
+        # The battery first keeps the import inside the rule's room: it gives what a level above it would bring (as far
+        # as its plan allows; the caps take the rest) and takes what a fall below it would (the floors the rest).
+        # (A level from the readings and the 6 s mean: the higher where a fall is judged, so an iteration's trough
+        # reading is no fall; the lower where a rise is, so its peak is no rise.)
+        bess_w = max(bess_w, min(min(bus_w, bus_now_w) - room_hi_w, discharge_plan_w))
+        # (never holding the import up past the interconnect's ceiling; and a charge taken only to hold it up is
+        # room a capped job may take back: the job's rise then replaces the charge at the same import)
+        room_lo_w = min(room_lo_w, grid_cap)
+        unheld_w = bess_w
+        bess_w = min(bess_w, max(max(bus_w, bus_now_w) - room_lo_w, -charge_w))
         # Never charge into the interconnect limit, and give what it takes to stay under it: a load coming back (a
         # restart, a return from backup) must not meet a battery still charging for the fall before it.
         bess_w = max(bess_w, min(max(bus_now_w, bus_w) - grid_cap, discharge_w))
@@ -465,25 +508,16 @@ class DimmerController:
         ramp_in = ramp_step if math.isfinite(ramp_step) else math.inf
         self.bound_cover_w = max(min(cover_w, self.bound_cover_w + ramp_in), 0.0)
         bess_w = max(bess_w, min(self.bound_cover_w, cover_w))
+        held_up_w = max(unheld_w - bess_w, 0.0)  # (what is left of it once the limit and the bound are met)
         limit[0] = min(float(limit[0]), pcc_limit_w)
-        # The utility's ramp is measured on window means, so a load above the grid target is cut only once its excess
-        # over the ramp window would use up the slack the margin keeps (a slow swing around the level passes; a job
-        # start is cut within a second or two). The cut acts on the latest reading, not the smoothed one.
-        over_w = min(bus_now_w, float(under_caps_w[0])) - target - discharge_plan_w
-        window = site.ramp_window_s
-        # (signed: a swing slower than a period but faster than the window, a 30 s RL iteration, nets out in the
-        # window means the rule compares, so its troughs pay back its peaks; never below 0, no credit banked)
-        self.excess_j = max(self.excess_j * math.exp(-dt / window) + over_w * dt, 0.0)
-        # half the margin: the leaky integral forgets a burst faster than the utility's two-window difference does
-        slack_w = 0.5 * (1.0 - p.ramp_margin_frac) * site.ramp_limit_w_per_min * window / 60.0
-        grid_cut = max(over_w, 0.0) if self.excess_j / window > slack_w else 0.0
-        # what the battery cannot take of a fall (not of its own SoC recovery, which floors must never pay for)
-        # (against the latest reading where it is higher than the level: the level's window still holds readings
-        # from before the floors it asked for, and would ask for them again)
-        fill_w = max(target - max(bus_w, bus_now_w) - max(soc_pull, 0.0) - charge_w, 0.0)
-        # a fall within the slack the ramp margin keeps passes: the rule is on window means, and the level's own
-        # wobble (a swing read as 1 s means) is no fall
-        fill_deadband_w = max(p.fill_deadband_frac * obs.pcc_limit_w, slack_w if math.isfinite(slack_w) else 0.0)
+        # What the battery leaves above the rule's room is cut, on the level (a swing's peak reading is no rise; a
+        # job start shows in the level within two readings) and never past what the caps in force allow.
+        grid_cut = max(min(bus_now_w, bus_w, float(under_caps_w[0])) - bess_w - room_hi_w, 0.0)
+        # and what it leaves below is filled (the higher of the level and the latest reading: the level's window
+        # still holds readings from before the floors it asked for, and would ask for them again)
+        fill_w = max(room_lo_w - (max(bus_w, bus_now_w) - bess_w), 0.0)
+        # (a fall within a sliver of the limit passes: a floor set from a reading lifts the troughs under it)
+        fill_deadband_w = p.fill_deadband_frac * obs.pcc_limit_w
 
         # 2. progressive capping --------------------------------------------------------------------------------
         # Breakers heat with I^2 t: below the campus each domain is held on the RMS of its load over recent
@@ -547,7 +581,8 @@ class DimmerController:
         # on the battery, and as its charge nears the reserve the plan tapers and the caps come back
         # (the grid target follows the load the caps allow, so the campus may also rise one ramp step a period)
         ramp_allow = ramp_step if math.isfinite(ramp_step) else math.inf
-        headroom[0] = min(headroom[0], max(target + ramp_allow + discharge_plan_w - bus_w, 0.0))
+        # (or to the top of the rule's room, where that is higher: the rule gives a held-back load the room, not a step)
+        headroom[0] = min(headroom[0], max(max(target + ramp_allow, room_hi_w) + discharge_plan_w - bus_caps_w, 0.0))
         headroom = np.where(cut > 0, 0.0, headroom)
 
         n_jobs = site.n_jobs
@@ -573,7 +608,8 @@ class DimmerController:
                 unmet[0] += float(left[0])
                 cut[0] += over_w
                 bound_w -= float(live_gpus @ more) / self.eta
-            headroom[0] = min(headroom[0], max(float(release[0]) - (bound_w - bess_w - float(relief[0])), 0.0))
+            import_w = bound_w - bess_w - held_up_w - float(relief[0])
+            headroom[0] = min(headroom[0], max(float(release[0]) - import_w, 0.0))
             # rise: slowly, within headroom, never for a job with untrusted telemetry
             stale_job = np.zeros(n_jobs, dtype=bool)
             stale_job[site.rack_job[self.running_rack & ~rack_ok]] = True
@@ -617,7 +653,9 @@ class DimmerController:
         fillable = job_racks & ~capped_running & ~(site.incidence.T @ cutting.astype(np.float64) > 0)
         n_fill = float(np.sum(site.rack_active_gpus[fillable]))
         floor_release = self.floor_release_w_per_s * dt
-        if fill_w > fill_deadband_w and n_fill > 0:
+        # (nor while the campus itself is cut: a floor would burn energy in the room its caps are clearing, as under
+        # a curtailment that falls faster than the ramp rule lets the import follow)
+        if fill_w > fill_deadband_w and n_fill > 0 and cut[0] <= 0:
             lift = fill_w * self.eta / n_fill
             # no domain is filled past its soft threshold: bound the lift by each domain's room over its fill GPUs
             fill_gpus = site.domain_load_w(np.where(fillable, site.rack_active_gpus, 0).astype(np.float64))

@@ -150,6 +150,11 @@ class SwingLevel:
         """Fewer readings than the window holds: the level is still being learned."""
         return self._seen < self._buf.shape[0]
 
+    @property
+    def count(self) -> int:
+        """How many readings the level is the mean of (fewer than the window while warming or after a restart)."""
+        return int(np.count_nonzero(~np.isnan(self._buf)))
+
     def level(self) -> float:
         valid = self._buf[~np.isnan(self._buf)]
         return float(valid.mean()) if valid.size else math.nan

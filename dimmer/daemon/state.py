@@ -128,7 +128,8 @@ def dimmer_to_dict(c: DimmerController) -> dict[str, Any]:
         "cap_w": _enc(c.cap_w),
         "floor_w": _enc(c.floor_w),
         "grid_target_w": None if c.grid_target_w is None else _enc_f(c.grid_target_w),
-        "excess_j": _enc_f(c.excess_j),
+        "ramp_history_w": _enc(c.ramp_room.history_w),
+        "return_hold": {"spent_j": _enc_f(c.return_hold.spent_j), "released": c.return_hold.released},
         "rack_last_w": _enc(c.rack_last_w),
         "domain_env": _window_to(c.domain_env),
         "rack_env": _window_to(c.rack_env),
@@ -159,7 +160,20 @@ def dimmer_from_dict(c: DimmerController, d: dict[str, Any]) -> None:
     floor = _dec_arr(d.get("floor_w"), (site.n_racks,), "floor_w")
     rack_last = _dec_arr(d.get("rack_last_w"), (site.n_racks,), "rack_last_w")
     grid = _dec_opt_f(d.get("grid_target_w"), "grid_target_w")
-    excess = _dec_f(d.get("excess_j", 0.0), "excess_j")
+    # (absent from files saved before the ramp room: the import's history is learned afresh from the next reading)
+    n_hist = c.ramp_room.history_w.shape
+    ramp_hist = _dec_arr(d["ramp_history_w"], n_hist, "ramp_history_w") if "ramp_history_w" in d else None
+    ramp_seen = 0 if ramp_hist is None else int(np.count_nonzero(np.isfinite(ramp_hist)))
+    hold = d.get("return_hold", {"spent_j": 0.0, "released": False})
+    if not isinstance(hold, dict) or not isinstance(hold.get("released"), bool):
+        raise StateMismatch("return_hold: not a return hold")
+    hold_spent = _dec_f(hold.get("spent_j"), "return_hold.spent_j")
+    if not math.isfinite(hold_spent) or hold_spent < 0:
+        raise StateMismatch("return_hold.spent_j: not finite and non-negative")
+    if ramp_hist is not None and (
+        np.any(np.isinf(ramp_hist)) or np.any(np.isnan(ramp_hist[ramp_hist.shape[0] - ramp_seen :]))
+    ):
+        raise StateMismatch("ramp_history_w: infinite, or an unknown reading after a known one")
     gpu = site.gpu
     if np.any(~np.isfinite(cap)) or np.any(cap < gpu.min_cap_w - 1e-6) or np.any(cap > gpu.rated_w + 1e-6):
         raise StateMismatch(f"cap_w: caps outside the {gpu.name} range {gpu.min_cap_w:g}-{gpu.rated_w:g} W")
@@ -203,7 +217,9 @@ def dimmer_from_dict(c: DimmerController, d: dict[str, Any]) -> None:
     c.floor_w = floor
     c.rack_last_w = rack_last
     c.grid_target_w = grid
-    c.excess_j = max(excess, 0.0)
+    c.ramp_room.history_w = np.full(n_hist, np.nan) if ramp_hist is None else ramp_hist
+    c.ramp_room.seen = ramp_seen
+    c.return_hold.spent_j, c.return_hold.released = hold_spent, hold["released"]
     c.domain_env, c.rack_env = trial.domain_env, trial.rack_env
     c.forecast, c.bus_level, c.bbus = trial.forecast, trial.bus_level, trial.bbus
     c.recent_rise_w = recent_rise
