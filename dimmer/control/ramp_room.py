@@ -83,8 +83,9 @@ class ReturnHold:
     within one budget of the return, it takes the return at once, but the hold burns floors. Which costs more is the
     exchange rate's to say (`worth_j_per_gpu_s`, what one GPU-second of goodput is worth in energy), and not knowing
     whether or when the job returns, the hold lasts until what it has burned equals what a release would then cost
-    the return (the ski-rental rule: never more than twice the cheaper choice, whenever the job returns, or if it
-    never does). Released, it stays released until the stopped jobs run again.
+    the return (the ski-rental rule: at a fixed price never more than twice the cheaper choice, whenever the job
+    returns or if it never does; here the price grows as the rule's room falls). Released, it stays released until
+    the stopped jobs run again.
     """
 
     def __init__(self, worth_j_per_gpu_s: float) -> None:
