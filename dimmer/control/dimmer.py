@@ -503,8 +503,7 @@ class DimmerController:
         # of its own would be a ramp violation), the caps meanwhile; a reading over the limit is met at once above.
         # It carries at most the planned share of what the ramp rule lets one window change by: a battery reverts to
         # 0 W when its controller goes silent (SunSpec WSetRvrtTms), and that step must stay within the rule.
-        revert_w = p.ramp_margin_frac * site.ramp_limit_w_per_min * site.ramp_window_s / 60.0
-        cover_w = min(cut_bound_w - grid_cap, discharge_plan_w, revert_w)
+        cover_w = min(cut_bound_w - grid_cap, discharge_plan_w, ramp_budget_w)
         ramp_in = ramp_step if math.isfinite(ramp_step) else math.inf
         self.bound_cover_w = max(min(cover_w, self.bound_cover_w + ramp_in), 0.0)
         bess_w = max(bess_w, min(self.bound_cover_w, cover_w))

@@ -26,11 +26,15 @@ class RampRoom:
         self.n = max(1, round(window_s / period_s))
         self.n_seed = max(1, min(self.n, round(seed_s / period_s)))
         self.history_w: FloatArray = np.full(2 * self.n, np.nan)  # oldest first; NaN before the first reading
-        self.seen = 0  # readings pushed (up to 2 n: the rest of the history is not yet known)
+
+    @property
+    def seen(self) -> int:
+        """Readings pushed, up to 2 n (the NaN ahead of them is the history not yet known)."""
+        return int(np.count_nonzero(np.isfinite(self.history_w)))
 
     @property
     def known(self) -> bool:
-        return self.seen > 0
+        return bool(np.isfinite(self.history_w[-1]))
 
     def push(self, import_w: float) -> None:
         """A period's reading of the import; NaN (no trusted reading) holds the last one."""
@@ -40,18 +44,18 @@ class RampRoom:
             import_w = float(self.history_w[-1])
         self.history_w[:-1] = self.history_w[1:]
         self.history_w[-1] = import_w
-        self.seen = min(self.seen + 1, self.history_w.shape[0])
 
     def _history(self) -> FloatArray:
         """The last 2 n readings; before that many are seen, the plant before them is taken as settled at the mean
         of the first seed_s of them (as the simulator's rule takes its pre-run). Seeded from the first reading alone,
         a run that starts in an iteration's peak read its first trough as a fall of the whole swing; from the mean of
         every reading seen, a fall in the first minute lowered the past with it, and the import fell past the rule."""
-        if self.seen >= self.history_w.shape[0]:
+        seen = self.seen
+        if seen >= self.history_w.shape[0]:
             return self.history_w
         h = self.history_w.copy()
-        k = h.shape[0] - self.seen
-        h[:k] = float(np.mean(h[k : k + min(self.seen, self.n_seed)]))
+        k = h.shape[0] - seen
+        h[:k] = float(np.mean(h[k : k + min(seen, self.n_seed)]))
         return h
 
     def bounds(self, budget_w: float) -> tuple[float, float]:

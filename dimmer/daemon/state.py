@@ -218,7 +218,6 @@ def dimmer_from_dict(c: DimmerController, d: dict[str, Any]) -> None:
     c.rack_last_w = rack_last
     c.grid_target_w = grid
     c.ramp_room.history_w = np.full(n_hist, np.nan) if ramp_hist is None else ramp_hist
-    c.ramp_room.seen = ramp_seen
     c.return_hold.spent_j, c.return_hold.released = hold_spent, hold["released"]
     c.domain_env, c.rack_env = trial.domain_env, trial.rack_env
     c.forecast, c.bus_level, c.bbus = trial.forecast, trial.bus_level, trial.bbus
