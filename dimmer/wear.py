@@ -29,3 +29,15 @@ def depth_weight(depth_frac: FloatArray | float) -> FloatArray:
     full = XU_K1 + XU_K3
     out: FloatArray = np.where(d > 0, full / stress, 0.0)
     return out
+
+
+def depth_for_weight(weight: FloatArray | float) -> FloatArray:
+    """The deepest cycle (a fraction of the window, in [0, 1]) that weighs at most `weight` full cycles: the
+    inverse of depth_weight, so a wear allowance can be spent as a depth before the cycle is made."""
+    w = np.asarray(weight, dtype=np.float64)
+    full = XU_K1 + XU_K3
+    with np.errstate(divide="ignore", invalid="ignore"):
+        base = (full / np.where(w > 0, w, np.nan) - XU_K3) / XU_K1  # = d ** XU_K2
+        d = np.power(base, 1.0 / XU_K2)
+    out: FloatArray = np.where(w >= 1.0, 1.0, np.where(w > 0, np.nan_to_num(d, nan=0.0), 0.0))
+    return np.clip(out, 0.0, 1.0)

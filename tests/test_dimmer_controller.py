@@ -343,6 +343,31 @@ def test_bbus_are_backup_units_unless_a_domain_is_over_and_the_budget_allows() -
     assert np.all(np.isinf(act.rack_bbu_threshold_w))
 
 
+def test_a_stopped_job_is_capped_where_its_return_fits_and_no_running_job_pays() -> None:
+    """Row 0 (400 kW) holds pretrain's two racks at 800 W per GPU and eval's two racks stopped at idle. Eval coming
+    back at its rated cap would take the row to ~430 kW, and at t = 1 s its BBUs have no wear allowance to bridge
+    that: eval's own cap comes down while it draws nothing (it costs no goodput), so that its return at that cap fits
+    the row (held on its load's RMS: pretrain at its reading); pretrain and rl keep their caps. Running, eval is not
+    held."""
+    site = _site()
+    idle = site.gpu.idle_w
+    draw = np.array([800.0, 800.0, idle, idle, 600.0, 600.0, 600.0, 600.0])
+    full = np.full(site.n_racks, 1.0)
+    stopped = np.array([True, False, True])
+    act = make_controller("dimmer", site).step(_obs(site, 1.0, draw, job_running=stopped, rack_bbu_soc_frac=full))
+    caps = _job_caps(site, act.rack_cap_w)
+    assert caps["pretrain"] == caps["rl"] == site.gpu.rated_w
+    assert site.gpu.min_cap_w < caps["eval"] < site.gpu.rated_w
+    # the return at eval's cap fits the row
+    back = site.rack_power_w(np.array([800.0] * 2 + [caps["eval"]] * 2 + [600.0] * 4))
+    assert site.domain_load_w(back)[1] <= float(site.domain_rating_w[1]) * (1 + 1e-9)
+    # and it would not have: at the rated cap the same return is over the row
+    over = site.rack_power_w(np.array([800.0] * 2 + [site.gpu.rated_w] * 2 + [600.0] * 4))
+    assert site.domain_load_w(over)[1] > float(site.domain_rating_w[1])
+    running = make_controller("dimmer", site).step(_obs(site, 1.0, draw, rack_bbu_soc_frac=full))
+    assert _job_caps(site, running.rack_cap_w)["eval"] == site.gpu.rated_w
+
+
 def test_same_observations_same_actions() -> None:
     site = _site(bess_mw=1.0)
     rng = np.random.default_rng(3)

@@ -42,6 +42,17 @@ def test_the_swing_is_never_amplified_and_the_bbus_stay_backup_units() -> None:
     assert s["min_bbu_ride_through_s"] >= 60.0
 
 
+def test_a_job_start_on_a_short_run_keeps_the_bbus_within_their_budget() -> None:
+    """small-battery cut to 300 s: a 1,024-GPU job starts at 180 s on a hall whose peaks then reach the limit. The
+    racks' BBUs may bridge the start only as far as their wear allowance affords (a day's budget is 3.5e-3 cycles in
+    300 s; bridged at full power the start cost 4x that), and the job's own cap makes room for the rest before it
+    starts: every limit held, the BBUs within a cycle a day."""
+    s = summarize(run(load_scenario(SCENARIOS / "sites" / "small-battery.toml", ["duration_s=300"]), "dimmer"))
+    assert s["breaker_trips"] == 0 and s["pcc_overlimit_s"] == 0.0
+    assert s["bbu_cycles_per_day"] <= 1.0
+    assert s["min_bbu_ride_through_s"] >= 60.0
+
+
 def test_oversubscribed_row_costs_less_goodput_than_dynamo_and_hard_stop() -> None:
     loaded = load_scenario(SCENARIOS / "oversubscribed-row.toml", ["duration_s=900"])
     loss = {

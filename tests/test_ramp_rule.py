@@ -36,12 +36,15 @@ def test_an_iterations_swing_is_no_fall_to_fill() -> None:
 def test_a_crashed_jobs_return_is_held_for() -> None:
     """bess-offline: no battery from 150 s, every job crashes at 300 s and restarts at 420 s. Held within one budget of
     the return (the hold's floors cost less than the return's climb would, at 30 kJ a GPU-second), the restart comes
-    back at once; released at the rule's pace, it climbed under caps and lost 2.2 % of goodput."""
+    back at once. Released at the rule's pace (goodput worth nothing), the floors' energy is saved and the restart
+    still holds every limit: its jobs come back at the start ceiling and go back up to their caps as the headroom
+    allows (2.2 % lost when they climbed at the slow cap rise; 0.002 % now)."""
     s = summarize(run(load_scenario(FAULTS / "bess-offline.toml"), controller="dimmer"))
     assert s["ramp_violation_s"] == 0.0 and s["pcc_overlimit_s"] == 0.0
     assert s["goodput_loss_power_pct"] < 0.1
     released = summarize(
         run(load_scenario(FAULTS / "bess-offline.toml", ["controllers.dimmer.goodput_worth_j_per_gpu_s=0"]), "dimmer")
     )
-    assert released["ramp_violation_s"] == 0.0
-    assert released["goodput_loss_power_pct"] > 1.0 and released["energy_overhead_pct"] < s["energy_overhead_pct"]
+    assert released["ramp_violation_s"] == 0.0 and released["pcc_overlimit_s"] == 0.0
+    assert released["energy_overhead_pct"] < s["energy_overhead_pct"]
+    assert released["goodput_loss_power_pct"] < 0.1

@@ -11,10 +11,13 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from dimmer.control.rack_storage import BbuPolicy
+from dimmer.wear import DAY_S, depth_for_weight
 from gridsim.engine import run
 from gridsim.metrics import SUMMARY_KEYS, summarize
 from gridsim.scenario import load_scenario
 from gridsim.wear import SocTurningPoints, depth_weight, equivalent_cycles
+from tests.test_dimmer_controller import _site
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 
@@ -99,3 +102,34 @@ def test_a_site_without_bbus_reports_null_wear() -> None:
     assert s["bbu_equivalent_cycles"] is None and s["bbu_cycles_per_day"] is None
     assert s["bbu_throughput_cycles_per_day"] is None and s["min_bbu_ride_through_s"] is None
     assert math.isfinite(s["max_grid_step_mw"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(min_value=1e-9, max_value=1.0))
+def test_the_depth_a_wear_allowance_buys_costs_that_allowance(weight: float) -> None:
+    """depth_for_weight inverts the depth-stress curve: the cycle it names costs the allowance, and no more."""
+    depth = float(depth_for_weight(weight))
+    assert 0.0 < depth <= 1.0
+    assert float(depth_weight(depth)) == pytest.approx(weight, rel=1e-9)
+    assert float(depth_weight(min(depth * 1.001, 1.0))) >= float(depth_weight(depth))
+    assert float(depth_for_weight(0.0)) == 0.0 and float(depth_for_weight(2.0)) == 1.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(min_value=60.0, max_value=86400.0), st.floats(min_value=0.1, max_value=5.0))
+def test_a_discharge_sized_by_the_allowance_closes_within_it(elapsed_s: float, budget: float) -> None:
+    """After `elapsed_s` with no cycles, a BBU that gives what affordable_w allows for one period, then recharges
+    to where it was, has made a cycle that rainflow (gridsim's own count) weighs at most the allowance accrued."""
+    site = _site()
+    policy = BbuPolicy(site, budget, reserve_s=0.0, recharge_full_tau_s=600.0)
+    full = np.full(site.n_racks, 1.0)
+    policy.step(elapsed_s, full, np.zeros(site.n_racks), np.ones(site.n_racks), np.ones(site.n_racks, dtype=bool), 0.0)
+    allowance = float(policy.allowance[0])
+    assert allowance == pytest.approx(min(budget * elapsed_s / DAY_S, budget))
+    give_w = policy.affordable_w(1.0)[0]
+    assert give_w > 0
+    fall = give_w * 1.0 / (policy.energy_j[0] * policy.discharge_eff)  # SoC the shelf loses giving it for 1 s
+    window = policy.soc_max - policy.soc_min
+    cost = equivalent_cycles([1.0, 1.0 - fall, 1.0], window)
+    assert cost <= allowance * (1 + 1e-4)  # (rainflow counts charge at 1e-12 resolution)
+    assert cost >= 0.99 * allowance or fall >= window * 0.999  # and the whole allowance is usable

@@ -38,6 +38,7 @@ from dimmer.control.filters import LowPass, SwingLevel, Window, progressive_cut_
 from dimmer.control.plausibility import PHRASES, PccCheck
 from dimmer.control.rack_storage import BbuPolicy
 from dimmer.control.ramp_room import RampRoom, ReturnHold
+from dimmer.control.start_room import start_ceiling_w
 from dimmer.errors import from_validation_error
 from dimmer.observation import Actions, Observation, Reason
 from dimmer.site import SiteModel
@@ -148,6 +149,8 @@ class DimmerController:
                               params.bbu_recharge_full_tau_s)  # fmt: skip
         self.job_run_since_s = np.full(site.n_jobs, -math.inf)  # when each job last began running (inf: not now)
         self.long_env_w = np.full(site.n_racks, np.nan)  # each rack's peak reading, held over return_hold_s
+        self.ran_at_w = np.full(site.n_racks, np.nan)  # that hold when the rack's job last ran (NaN: not seen)
+        self.ceiled_from_w = np.full(site.n_jobs, np.nan)  # each stopped job's cap before its start ceiling
         self.long_env_at_s = np.full(site.n_racks, -math.inf)  # when each rack's reading last reached its hold
         self.prev_pcc_limit_w: float | None = None
         self.prev_limit_fall_w = 0.0  # how far the limit fell in the period before
@@ -364,6 +367,9 @@ class DimmerController:
         guard_w = np.full(site.n_racks, np.inf)
         guard_extra_w = np.zeros(site.n_racks)
         returning_w = 0.0  # what the guards hold back of jobs that run again: the caps must make room for it
+        down = np.zeros(site.n_racks, dtype=bool)  # job racks whose job is not running
+        bridged_w = np.zeros(site.n_racks)  # what their BBUs may carry of a return
+        return_to_w = np.full(site.n_racks, np.inf)  # the most each would draw back below its caps (inf: its caps)
         return_w = return_gpus = 0.0  # what the racks of stopped jobs would add back, on how many GPUs
         if n_jobs:
             down = job_rack_now & ~obs.job_running[self.job_rack]
@@ -375,6 +381,7 @@ class DimmerController:
             self.job_run_since_s = np.where(obs.job_running, np.fmin(self.job_run_since_s, obs.t_s), np.inf)
             settling = obs.t_s - self.job_run_since_s < 4.0 * p.period_s
             stopped = job_rack_now & (~obs.job_running | settling)[self.job_rack]
+            self.ran_at_w = np.where(job_rack_now & ~stopped, self.long_env_w, self.ran_at_w)
             # (from this period's reading: the envelope still holds the draw from before the stop for its window)
             now_w = np.fmin(at_caps, np.where(np.isfinite(load_w), load_w, load_env) * (1.0 + p.hidden_peak_frac))
             shield = stopped & self.bbus.can_hold(obs.rack_bbu_soc_frac, bound_rack)
@@ -384,10 +391,16 @@ class DimmerController:
             now_w = np.where(settle, np.fmin(now_w, self.prev_guard_w), now_w)
             shielded_w = np.fmin(np.fmax(now_w, bound_rack - self.bbus.power_w), at_caps)
             guard_extra_w = np.where(shield, np.maximum(bound_rack - shielded_w, 0.0), 0.0)
-            guard_w = np.where(shield, shielded_w, np.inf)
+            # the guard holds no lower than the BBU's wear allowance affords if the rack came back at its caps (a
+            # start it bridged on a short run would spend days of cycles); the start ceiling makes room for the rest
+            bridged_w = np.where(shield, np.fmin(self.bbus.affordable_w(p.period_s), self.bbus.power_w), 0.0)
+            guard_w = np.where(shield, np.fmax(shielded_w, at_caps - bridged_w), np.inf)
             back = shield & (obs.job_running & settling)[self.job_rack]
             returning_w = float(np.sum(np.where(back, guard_extra_w, 0.0)))
             bound_rack = np.where(shield, shielded_w, bound_rack)
+            # a stopped job comes back to what its racks drew when it last ran (their held peak, with the peaks the
+            # readings hide), at most its caps; to its caps where it has not run since this controller started
+            return_to_w = np.where(np.isfinite(self.ran_at_w), self.ran_at_w * (1.0 + p.hidden_peak_frac), np.inf)
         # the campus also carries what no rack meter sees (the overhead the PCC shows) and the BBUs' recharge
         overhead_w = max(float(domain_w[0]) + bess_now_w - float(from_racks[0]), 0.0)
         campus_bound_w = float(np.sum(bound_rack)) + overhead_w + float(self.bbus.recharge_w.sum())
@@ -617,11 +630,44 @@ class DimmerController:
             late_job = stale_job.copy()
             late_job[site.rack_job[self.running_rack & ~fresh]] = True
             rise = np.minimum(p.cap_rise_w_per_s * dt, gpu.rated_w - new_cap)
+            self.ceiled_from_w = np.where((reduction > 0) | (new_cap >= self.ceiled_from_w), np.nan, self.ceiled_from_w)
+            back_up = obs.job_running & np.isfinite(self.ceiled_from_w)
+            rise = np.where(back_up, np.fmax(rise, np.nan_to_num(self.ceiled_from_w - new_cap)), rise)
             want = np.maximum(np.where((reduction > 0) | late_job, 0.0, rise), 0.0)
             up = grant(headroom, self.gpus, want, self.groups, self.eta)
+            if back_up.any():
+                # a job back from its start ceiling may take the band between the release and soft levels too: it
+                # is where a cut from above would have left it, had it come back at its old cap
+                band_w = np.where(cut > 0, 0.0, headroom - self.gpus @ up / self.eta + np.maximum(soft - release, 0.0))
+                more_want = np.where(back_up & (reduction <= 0), np.maximum(want - up, 0.0), 0.0)
+                up = up + grant(np.maximum(band_w, 0.0), self.gpus, more_want, self.groups, self.eta)
             self.recent_rise_w = np.roll(self.recent_rise_w, 1, axis=0)
             self.recent_rise_w[0] = self.gpus @ up / self.eta
             new_cap = new_cap + up
+            # a stopped job is held where its return fits what is left under the soft levels, with the battery's
+            # charge where it is: the return arrives within a tick, the battery's release a period later
+            planned_w = env + self.recent_rise_w[0]
+            planned_w[0] = import_w + held_up_w + self.recent_rise_w[0][0]
+            room_w = soft - planned_w
+            unceiled_w = new_cap
+            new_cap = start_ceiling_w(
+                site,
+                new_cap,
+                obs.job_running,
+                down,
+                np.fmin(load_env, bound_rack),
+                np.where(np.isfinite(guard_w), np.clip(at_caps - guard_w, 0.0, bridged_w), 0.0),
+                room_w,
+                self.gpus,
+                self.groups,
+                self.eta,
+                return_to_w,
+            )
+            # once it runs again, it goes back to the cap the ceiling took from it as fast as the headroom allows
+            # (not at the slow rise: the ceiling was for the tick of its return, which the battery has now met)
+            self.ceiled_from_w = np.where(
+                new_cap < unceiled_w, np.fmax(self.ceiled_from_w, unceiled_w), self.ceiled_from_w
+            )
             # 5. safety: stale telemetry moves a cap down to the safe level, never up
             new_cap = np.where(stale_job, np.minimum(new_cap, self.safe_cap_w), new_cap)
             new_cap = gpu.clamp_cap_w(new_cap)
@@ -691,6 +737,10 @@ class DimmerController:
             what = f"{int(paced.sum())} domain(s) over rating brought under it at the ramp (their breakers report cool)"
             reasons.append(Reason("capping", what, value_w=float(cut[paced].sum())))
 
+        # a guard holds no lower than its rack at the caps it now has, less what its BBU may afford to bridge (the
+        # caps of a job that runs again may have risen past those the guard was set under)
+        guarded = np.isfinite(threshold) & (relief_rack <= 0) & (bridged_w < self.bbus.power_w)
+        threshold = np.where(guarded, np.fmax(threshold, site.rack_power_w(rack_cap) - bridged_w), threshold)
         return Actions(
             rack_cap_w=rack_cap,
             rack_floor_w=floor,

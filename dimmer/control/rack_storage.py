@@ -14,7 +14,8 @@ cycle weighs 0.7 % of a full one, 300 full cycles a day). So here the BBUs:
   less than the shelf's shaving floor;
 - spend at most `cycle_budget_per_day` depth-weighted cycles a day each: an allowance refilled continuously (at
   most one day's worth banked), charged with every half cycle the reported SoC closes, whoever caused it; a relief
-  stops before the cycle it opens would cost more than the allowance left;
+  stops before the cycle it opens would cost more than the allowance left, and a guard on a stopped job's racks
+  (the controller's) never asks more of a shelf in a period than `affordable_w`: the depth the allowance left buys;
 - recharge only while every domain above has room, at an allowance that rises slowly (a share of the utility's
   ramp a period, spread over the racks that recharge) and tapers as a shelf nears full, so the recharge never steps
   the grid: 576 shelves starting at 13 kW at once would be a 7.5 MW step.
@@ -29,7 +30,7 @@ import numpy.typing as npt
 import scipy.sparse as sp
 
 from dimmer.site import SiteModel
-from dimmer.wear import DAY_S, depth_weight
+from dimmer.wear import DAY_S, depth_for_weight, depth_weight
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -93,6 +94,7 @@ class BbuPolicy:
         self.reserve_s = reserve_s
         self.full_tau_s = recharge_full_tau_s
         self.recharge_w = np.zeros(site.n_racks)
+        self.given_w = np.zeros(site.n_racks)  # the relief planned last period: the SoC read now may not show it
         # rack -> the domains above it (CSR rows)
         self._rack_domains = sp.csr_array(site.incidence.T)
         self._rack_domains.sort_indices()
@@ -107,6 +109,22 @@ class BbuPolicy:
             where=self.has,
         )
         out: FloatArray = np.clip(need, self.soc_min, self.soc_max)
+        return out
+
+    def affordable_w(self, dt_s: float) -> FloatArray:
+        """Per rack: the most its shelf may give over the next period (W, at its output) with the cycle that opens,
+        closed by the recharge after it, within the allowance left: a discharge under way extends its own cycle; a
+        new one first pays for the recharge it interrupts."""
+        c = self.cycles
+        open_depth = c.open_depth()
+        falling = c.direction < 0
+        unpaid = np.where(c.direction > 0, 0.5 * depth_weight(open_depth), 0.0)  # the recharge a new fall turns
+        reach = depth_for_weight(np.maximum(self.allowance - unpaid, 0.0))
+        unseen = self.given_w * dt_s / np.where(self.has, self.energy_j * self.discharge_eff * c.window, np.inf)
+        depth = np.maximum(reach - np.where(falling, open_depth, 0.0) - unseen, 0.0)
+        out: FloatArray = np.where(
+            self.has, depth * c.window * self.energy_j * self.discharge_eff / max(dt_s, 1e-3), 0.0
+        )
         return out
 
     def can_hold(self, soc: FloatArray, bound_w: FloatArray) -> BoolArray:
@@ -157,6 +175,7 @@ class BbuPolicy:
         energy_left_w = np.where(relieve, (soc_k - reserve) * self.energy_j * self.discharge_eff / max(dt_s, 1e-3), 0.0)
         relief = np.where(relieve, np.minimum(np.minimum(bound_w - threshold, self.power_w), energy_left_w), 0.0)
         relief = np.maximum(relief, 0.0)
+        self.given_w = relief
 
         # recharge: with room, never while relieving; rises slowly, tapers to 0 as a shelf fills. A shelf under its
         # reserve recharges without room (the caps make it): ride-through comes before goodput
