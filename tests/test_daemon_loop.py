@@ -596,3 +596,48 @@ def test_recent_cycle_times_keep_a_fixed_footprint() -> None:
     assert ring._buf is buf and buf.size == 100  # never reallocated
     assert len(ring) == 100
     assert sorted(ring.values().tolist()) == [float(i) for i in range(150, 250)]  # the latest 100
+
+
+# -- a meter whose reading repeats ------------------------------------------------------------------------------------
+
+
+def _repeat_meter(rack_w_at: Any, bess_w_at: Any, seconds: int = 8, with_racks: bool = True) -> list[bool]:
+    """A PCC meter that reads 1.5 MW every second for `seconds`, beside racks drawing rack_w_at(t) each (16) and a
+    battery discharging bess_w_at(t); returns the meter's stuck flag after each second's judgement."""
+    from types import SimpleNamespace
+
+    from dimmer.daemon.handles import DeviceHandle, judge_meters, note_reading
+
+    loaded = loaded_config()
+    meter = DeviceHandle("pcc", "meter", None, True, domain=0)
+    battery = DeviceHandle("bess", "battery", None, True)
+    rows = [DeviceHandle(f"row{i}", "racks", None, True, racks=slice(8 * i, 8 * i + 8)) for i in range(2)]
+    handles = [meter, battery, *(rows if with_racks else [])]
+    safety = loaded.config.safety
+    out = []
+    for t in range(seconds + 1):
+
+        def reading(values: dict[str, Any], t: float = float(t)) -> Any:
+            return SimpleNamespace(values=values, t_s=t, ok=True, error=None)
+
+        note_reading(meter, reading({"power_w": 1.5e6}), safety, 1.0)
+        note_reading(battery, reading({"power_w": bess_w_at(t), "soc_frac": 0.6, "online": 1.0}), safety, 1.0)
+        for h in rows:
+            note_reading(h, reading({"power_w": np.full(8, rack_w_at(t)), "update_count": t}), safety, 1.0)
+        judge_meters(handles, loaded.site, loaded.limit_w, safety, 1.0)
+        out.append(meter.stuck)
+    return out
+
+
+def test_a_repeating_meter_is_frozen_only_when_the_racks_under_it_moved() -> None:
+    """frozen_meter_s (5 s) of one repeated reading: frozen while the racks swing 10 kW each (160 kW, 8 % of the
+    2 MW limit against the 2 % that counts); not while the racks hold still, nor while the battery's discharge
+    cancels their swing (a battery holding the import flat repeats a live meter's reading); with no racks to judge
+    it by, frozen by time alone."""
+    swing = lambda t: 100e3 + (10e3 if t % 2 else 0.0)  # noqa: E731
+    moving = _repeat_meter(swing, lambda t: 0.0)
+    assert not any(moving[:6]) and all(moving[6:])  # (the repeat has lasted more than 5 s from t = 6 s)
+    assert not any(_repeat_meter(lambda t: 100e3, lambda t: 0.0))
+    assert not any(_repeat_meter(swing, lambda t: 16 * (swing(t) - 100e3)))
+    blind = _repeat_meter(lambda t: 100e3, lambda t: 0.0, with_racks=False)
+    assert not any(blind[:6]) and all(blind[6:])

@@ -116,8 +116,12 @@ class SafetySpec(Strict):
     # Rack devices hold the caps and floors written for this long; a device that is not rewritten within it falls
     # back to its safe cap on its own (10 periods: a restart fits, a dead daemon does not hold caps forever).
     lease_s: float = Field(default=10.0, gt=0, le=3600)
-    # A meter (no update counter) whose reading has not changed by one count for this long is frozen, and stale.
+    # A meter (no update counter) whose reading has not changed by one count for this long is frozen, and stale,
+    # if the racks under it (less the battery, at the campus) moved meanwhile by more than this share of its limit:
+    # a battery that holds the import flat repeats a live meter's reading too. With no rack readings to judge it
+    # by, a repeat that long is frozen.
     frozen_meter_s: float = Field(default=5.0, gt=0, le=3600)
+    frozen_meter_move_frac: float = Field(default=0.02, gt=0, le=1)
     # A rack whose reading is older than this many periods (not stale yet, just late) never has its cap raised.
     hold_after_periods: float = Field(default=1.5, gt=0, le=3600)
     # The campus battery reverts to idle this long after the last setpoint (SunSpec WinTms / RvrtTms).

@@ -23,6 +23,7 @@ import numpy.typing as npt
 
 from dimmer.daemon.config import LoadedConfig, SafetySpec
 from dimmer.daemon.metrics import DaemonMetrics, DeviceStatus
+from dimmer.site import SiteModel
 
 log = logging.getLogger("dimmer.daemon")
 
@@ -52,6 +53,8 @@ class DeviceHandle:
     stuck: bool = False  # answering, but its update_count (a meter: its value) has not moved for too long
     value_w: float = math.nan  # meters: the last power read, and when it last changed (monotonic)
     value_t_s: float = math.nan
+    expect_lo_w: float = math.nan  # meters: the range of what the racks under it say it should read, since then
+    expect_hi_w: float = math.nan
     failures: dict[str, int] = field(default_factory=lambda: {"read": 0, "write": 0})  # in a row, by operation
     flagged: bool = False
     offline: bool = False  # a battery answering, but reporting itself off line (as of its last good reading)
@@ -209,7 +212,7 @@ def note_reading(h: DeviceHandle, r: ReadingLike, safety: SafetySpec, speed: flo
     dimmer-site-v1) whose counter has not moved is answering with old values: they age from the last move."""
     h.last = r
     if h.kind == "meter":
-        _note_meter(h, r, safety.frozen_meter_s, speed)
+        _note_meter(h, r)
         return
     if h.kind == "battery":
         _note_battery(h, r)
@@ -225,24 +228,56 @@ def note_reading(h: DeviceHandle, r: ReadingLike, safety: SafetySpec, speed: flo
     h.last_count = count
 
 
-def _note_meter(h: DeviceHandle, r: ReadingLike, frozen_meter_s: float, speed: float) -> None:
-    """A SunSpec meter has no update counter: a reading that has not changed by one count for longer than
-    frozen_meter_s is a frozen meter (a campus load moves every iteration), and its value ages from its last
-    change."""
+def _note_meter(h: DeviceHandle, r: ReadingLike) -> None:
+    """A SunSpec meter has no update counter: keep when its reading last changed (judge_meters decides whether a
+    repeat is a frozen meter)."""
     value = value_num(r.values, "power_w")
     if not math.isfinite(h.value_t_s) or value != h.value_w:
         h.value_w, h.value_t_s = value, r.t_s
-    frozen_s = (r.t_s - h.value_t_s) * speed
-    if frozen_s > frozen_meter_s:
-        if not h.stuck:
-            log.warning("device %s: reading frozen at %.0f W for %.1f s: treated as stale", h.name, value, frozen_s)
-        h.stuck = True
-        h.fresh_t_s = h.value_t_s
-    else:
-        if h.stuck:
-            log.info("device %s: updating again", h.name)
-        h.stuck = False
-        h.fresh_t_s = r.t_s
+        h.expect_lo_w = h.expect_hi_w = math.nan
+
+
+def judge_meters(handles: list[DeviceHandle], site: SiteModel, limit_w: FloatArray, safety: SafetySpec,
+                 speed: float) -> None:  # fmt: skip
+    """After a cycle's reads: a meter whose reading has repeated for longer than frozen_meter_s is frozen (stale, its
+    value aging from its last change) if what the racks under it say it should read (less the battery's discharge,
+    at the campus) moved meanwhile by more than frozen_meter_move_frac of its limit. A live meter on a load held flat
+    (a battery flattening the import, a 10 kW register resolution) repeats too, and is not frozen: the racks and the
+    battery show why. With no complete rack readings to judge it by, a repeat that long is frozen."""
+    rack_w = np.full(site.n_racks, np.nan)
+    bess_w = 0.0
+    for h in handles:
+        if h.last is None:
+            continue
+        if h.kind == "racks" and not (h.stuck or h.flagged):  # (a stale rack is no evidence either way)
+            rack_w[h.racks] = value_array(h.last.values, "power_w", h.racks.stop - h.racks.start)
+        elif h.kind == "battery":
+            b = value_num(h.last.values, "power_w")
+            bess_w = b if math.isfinite(b) and not (h.stuck or h.flagged) else math.nan
+    for h in handles:
+        if h.kind != "meter" or h.last is None:
+            continue
+        d = h.domain
+        under = rack_w[site.domain_rack_start[d] : site.domain_rack_stop[d]]
+        expect = float(np.sum(under)) - (bess_w if d == 0 else 0.0) if under.size else math.nan
+        if math.isfinite(expect):
+            h.expect_lo_w = float(np.fmin(h.expect_lo_w, expect))
+            h.expect_hi_w = float(np.fmax(h.expect_hi_w, expect))
+        moved_w = h.expect_hi_w - h.expect_lo_w
+        evidence = math.isfinite(expect) and math.isfinite(moved_w)
+        still = not evidence or moved_w > safety.frozen_meter_move_frac * float(limit_w[d])
+        frozen_s = (h.last.t_s - h.value_t_s) * speed
+        if frozen_s > safety.frozen_meter_s and still:
+            if not h.stuck:
+                log.warning("device %s: reading frozen at %.0f W for %.1f s: treated as stale", h.name, h.value_w,
+                            frozen_s)  # fmt: skip
+            h.stuck = True
+            h.fresh_t_s = h.value_t_s
+        else:
+            if h.stuck:
+                log.info("device %s: updating again", h.name)
+            h.stuck = False
+            h.fresh_t_s = h.last.t_s
 
 
 def _note_battery(h: DeviceHandle, r: ReadingLike) -> None:

@@ -51,6 +51,7 @@ from dimmer.daemon.handles import (
     close_buses,
     device_status,
     has_data,
+    judge_meters,
     note_reading,
     read_device,
     tcp_bus_factory,
@@ -288,6 +289,7 @@ class Daemon:
         for h, r in zip(self.handles, fresh, strict=True):
             if r is not None:
                 note_reading(h, r, safety, self.speed)
+        judge_meters(self.handles, site, self.loaded.limit_w, safety, self.speed)
         self._publish_devices()
         now = self.clock()
         snap = Snapshot(
