@@ -15,6 +15,7 @@ from dimmer.control.allocation import grant, job_gpus_per_domain, priority_group
 from dimmer.control.dimmer import DimmerController
 from dimmer.control.filters import LowPass, Window, progressive_cut_w
 from dimmer.control.plausibility import PccCheck, PccVerdict
+from dimmer.control.start_room import start_ceiling_w
 from dimmer.errors import InputError
 from dimmer.observation import Observation
 from dimmer.site import SiteModel, build_site
@@ -577,3 +578,38 @@ def test_a_limit_that_steps_down_is_not_extrapolated() -> None:
     two falls further on, the caps would be cut for a limit of 0.3 MW)."""
     steps = [0.7e6] * 4
     assert _caps_under_limits(2.0, steps) == _caps_under_limits(0.0, steps)
+
+
+@given(
+    st.lists(st.floats(min_value=0.0, max_value=1.0), min_size=3, max_size=3),
+    st.lists(st.booleans(), min_size=3, max_size=3),
+    st.lists(st.floats(min_value=0.0, max_value=300e3), min_size=11, max_size=11),
+    st.floats(min_value=0.0, max_value=2e3),  # (under a rack's return at the minimum cap: no rack fully bridged)
+)
+def test_a_start_ceiling_lowers_only_stopped_jobs_within_their_range_and_fits_their_return(
+    cap_frac: list[float], running: list[bool], room: list[float], bridged: float
+) -> None:
+    """start_ceiling_w: running jobs keep their caps; a stopped job's cap only comes down, never below the GPU's
+    minimum; and where its return at the minimum fits every domain's room, its return at the new caps does too."""
+    site = _site()
+    gpu = site.gpu
+    caps = gpu.min_cap_w + np.asarray(cap_frac) * (gpu.rated_w - gpu.min_cap_w)
+    job_running = np.asarray(running)
+    down = (site.rack_job >= 0) & ~job_running[np.maximum(site.rack_job, 0)]
+    planned = site.rack_power_w(np.full(site.n_racks, gpu.idle_w))
+    bridged_w = np.where(down, bridged, 0.0)
+    room_w = np.asarray(room)
+    gpus = job_gpus_per_domain(site)
+    groups = priority_groups(site.job_priority)
+    out = start_ceiling_w(site, caps, job_running, down, planned, bridged_w, room_w, gpus, groups, site.rectifier_eff)
+    assert np.all(np.isfinite(out))
+    np.testing.assert_array_equal(out[job_running], caps[job_running])
+    assert np.all(out <= caps) and np.all(out >= gpu.min_cap_w - 1e-9)
+
+    def surge(job_caps: np.ndarray) -> np.ndarray:
+        at = site.rack_power_w(np.where(site.rack_job >= 0, job_caps[np.maximum(site.rack_job, 0)], gpu.rated_w))
+        return site.domain_load_w(np.where(down, np.maximum(at - planned - bridged_w, 0.0), 0.0))
+
+    floor = np.where(job_running, caps, gpu.min_cap_w)
+    if np.all(surge(floor) <= room_w):
+        assert np.all(surge(out) <= room_w * (1 + 1e-9) + 1e-6)

@@ -104,7 +104,6 @@ def test_a_site_without_bbus_reports_null_wear() -> None:
     assert math.isfinite(s["max_grid_step_mw"])
 
 
-@settings(max_examples=200, deadline=None)
 @given(st.floats(min_value=1e-9, max_value=1.0))
 def test_the_depth_a_wear_allowance_buys_costs_that_allowance(weight: float) -> None:
     """depth_for_weight inverts the depth-stress curve: the cycle it names costs the allowance, and no more."""
@@ -115,7 +114,6 @@ def test_the_depth_a_wear_allowance_buys_costs_that_allowance(weight: float) -> 
     assert float(depth_for_weight(0.0)) == 0.0 and float(depth_for_weight(2.0)) == 1.0
 
 
-@settings(max_examples=60, deadline=None)
 @given(st.floats(min_value=60.0, max_value=86400.0), st.floats(min_value=0.1, max_value=5.0))
 def test_a_discharge_sized_by_the_allowance_closes_within_it(elapsed_s: float, budget: float) -> None:
     """After `elapsed_s` with no cycles, a BBU that gives what affordable_w allows for one period, then recharges
