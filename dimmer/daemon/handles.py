@@ -50,7 +50,7 @@ class DeviceHandle:
     last: ReadingLike | None = None  # the last good reading
     fresh_t_s: float = math.nan  # when its values were last known new (update_count moved), monotonic
     last_count: float = math.nan  # the device's update_count at the last good read (NaN: it has none)
-    stuck: bool = False  # answering, but its update_count (a meter: its value) has not moved for too long
+    stuck: bool = False  # answering, but its update_count has not moved for too long (a meter: judge_meters)
     value_w: float = math.nan  # meters: the last power read, and when it last changed (monotonic)
     value_t_s: float = math.nan
     expect_lo_w: float = math.nan  # meters: the range of what the racks under it say it should read, since then
