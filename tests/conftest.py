@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import tomllib
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -24,3 +27,19 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"measured data folder {SHARED_DATA} is absent")
     return SHARED_DATA
+
+
+def needs_shared_data(raw: Mapping[str, Any]) -> bool:
+    """A scenario (its parsed TOML) that replays measured data (a frequency record, a power trace) from
+    ../shared/data."""
+    replays = any(ev.get("kind") == "frequency_replay" for ev in raw.get("events", []))
+    traces = any(job.get("kind") == "trace" for job in raw.get("jobs", []))
+    return replays or traces
+
+
+def skip_without_shared_data(path: Path) -> None:
+    """Skip, with the reason, a test of a scenario whose measured data is absent (a clone with no ../shared)."""
+    with path.open("rb") as f:
+        raw = tomllib.load(f)
+    if needs_shared_data(raw) and not SHARED_DATA.is_dir():
+        pytest.skip(f"{path.name} replays measured data from {SHARED_DATA}, which is absent")

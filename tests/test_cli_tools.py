@@ -16,6 +16,7 @@ from gridsim.compare import compare_pareto_png, pareto_front
 from gridsim.describe import oversubscription, scenario_schema
 from gridsim.metrics import SUMMARY_KEYS
 from gridsim.scenario import load_scenario
+from tests.conftest import skip_without_shared_data
 
 from .conftest import SCENARIOS
 
@@ -168,6 +169,7 @@ def test_oversubscription_is_rack_maxima_over_rating(small: Path) -> None:
 
 @pytest.mark.parametrize("path", sorted(SCENARIOS.glob("*.toml")), ids=lambda p: p.stem)
 def test_describe_every_library_scenario(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    skip_without_shared_data(path)
     assert main(["describe", str(path)]) == 0
     out = capsys.readouterr().out
     site = load_scenario(path).site()

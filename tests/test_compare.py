@@ -17,7 +17,7 @@ from gridsim.compare import FILES, compare, compare_csv, compare_png, parse_cont
 from gridsim.metrics import SUMMARY_KEYS
 from gridsim.scenario import load_scenario
 
-from .conftest import SCENARIOS, SHARED_DATA
+from .conftest import SCENARIOS, skip_without_shared_data
 
 TIMING = {"controller_step_ms_p50", "controller_step_ms_p99", "sim_speed_x_realtime"}
 LIBRARY = sorted(SCENARIOS.glob("*.toml"))
@@ -221,8 +221,7 @@ def test_default_controllers_put_the_baseline_first() -> None:
 
 @pytest.mark.parametrize("path", LIBRARY, ids=[p.stem for p in LIBRARY])
 def test_library_scenario_runs_for_a_minute(path: Path, tmp_path: Path) -> None:
-    if "../../shared/data" in path.read_text() and not SHARED_DATA.is_dir():
-        pytest.skip(f"{path.name} replays measured data from {SHARED_DATA}, which is absent")
+    skip_without_shared_data(path)
     out = tmp_path / "run"
     assert main(["run", str(path), "--set", "duration_s=60", "--out", str(out), "--quiet"]) == 0
     summary = json.loads((out / "summary.json").read_text())

@@ -9,6 +9,7 @@ import pytest
 from gridsim.engine import run
 from gridsim.metrics import summarize
 from gridsim.scenario import load_scenario
+from tests.conftest import skip_without_shared_data
 
 from .conftest import SCENARIOS
 
@@ -21,6 +22,7 @@ KNOWN_RAMP_VIOLATIONS: dict[str, str] = {}
 
 @pytest.mark.parametrize("path", LIBRARY, ids=[p.stem for p in LIBRARY])
 def test_dimmer_holds_every_limit_on_the_first_ten_minutes(path: Path) -> None:
+    skip_without_shared_data(path)
     s = summarize(run(load_scenario(path, ["duration_s=600"]), controller="dimmer"))
     assert s["breaker_trips"] == 0
     assert s["pcc_overlimit_s"] == 0.0

@@ -7,6 +7,7 @@ import pytest
 from dimmer.errors import InputError
 from gridsim.cli import main
 from gridsim.scenario import apply_overrides, load_scenario, parse_override
+from tests.conftest import skip_without_shared_data
 
 from .conftest import SCENARIOS
 
@@ -38,6 +39,7 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 @pytest.mark.parametrize("path", LIBRARY, ids=[p.stem for p in LIBRARY])
 def test_library_scenario_validates(path: Path) -> None:
+    skip_without_shared_data(path)
     loaded = load_scenario(path)
     assert loaded.site().n_racks > 0
 

@@ -16,7 +16,7 @@ from gridsim.metrics import summarize
 from gridsim.plant.trace import load_nvsmi_trace
 from gridsim.scenario import FrequencyReplayEvent, load_scenario
 
-from .conftest import REPO, SCENARIOS
+from .conftest import REPO, SCENARIOS, needs_shared_data, skip_without_shared_data
 
 LIBRARY = sorted(SCENARIOS.glob("*.toml"))
 DOCS = REPO / "docs" / "scenarios.md"
@@ -29,24 +29,13 @@ def _raw(path: Path) -> dict[str, Any]:
         return tomllib.load(f)
 
 
-def _needs_shared_data(raw: dict[str, Any]) -> bool:
-    replays = any(ev.get("kind") == "frequency_replay" for ev in raw.get("events", []))
-    traces = any(job.get("kind") == "trace" for job in raw.get("jobs", []))
-    return replays or traces
-
-
-def _load(path: Path, request: pytest.FixtureRequest, overrides: list[str] | None = None) -> Any:
-    if _needs_shared_data(_raw(path)):
-        request.getfixturevalue("shared_data")  # skips, with the reason, when ../shared/data is absent
-    return load_scenario(path, overrides)
-
-
 @pytest.mark.parametrize("path", LIBRARY, ids=[p.stem for p in LIBRARY])
-def test_scenario_says_what_it_asks_and_validates(path: Path, request: pytest.FixtureRequest) -> None:
+def test_scenario_says_what_it_asks_and_validates(path: Path) -> None:
     raw = _raw(path)
     assert raw["name"] == path.stem, "the file is named after the scenario"
     assert len(" ".join(str(raw.get("description", "")).split())) >= 100, "a description of the situation"
-    loaded = _load(path, request)
+    skip_without_shared_data(path)
+    loaded = load_scenario(path)
     site = loaded.site()
     assert site.n_jobs >= 1 and site.n_racks >= 1
     assert loaded.scenario.description.strip()
@@ -76,8 +65,8 @@ def test_library_covers_the_situations() -> None:
     # one file holds both, so the two are compared on the same grid, at the same time
     both = raws["checkpoint-sync-async"]["jobs"]
     assert sorted(j["checkpoint"]["mode"] for j in both) == ["async", "sync"]
-    assert any(_needs_shared_data({"events": r.get("events", [])}) for r in raws.values())
-    assert any(_needs_shared_data({"jobs": r.get("jobs", [])}) for r in raws.values())
+    assert any(needs_shared_data({"events": r.get("events", [])}) for r in raws.values())
+    assert any(needs_shared_data({"jobs": r.get("jobs", [])}) for r in raws.values())
 
 
 def test_campus_scenario_is_toward_a_million_gpus() -> None:

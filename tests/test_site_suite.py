@@ -11,6 +11,7 @@ import pytest
 from gridsim.engine import run
 from gridsim.metrics import summarize
 from gridsim.scenario import load_scenario
+from tests.conftest import skip_without_shared_data
 
 SITES = sorted((Path(__file__).resolve().parents[1] / "scenarios" / "sites").glob("*.toml"))
 
@@ -21,6 +22,7 @@ def test_the_suite_is_there() -> None:
 
 @pytest.mark.parametrize("path", SITES, ids=lambda p: p.stem)
 def test_each_site_loads_and_runs(path: Path) -> None:
+    skip_without_shared_data(path)
     loaded = load_scenario(path, ["duration_s=20"])
     first = loaded.scenario.description.strip().splitlines()[0] if loaded.scenario.description else ""
     assert first, f"{path.name}: a site states its question"
