@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dimmer import __version__
-from dimmer.errors import DimmerError, InputError
+from dimmer.errors import DimmerError, InputError, ListenError
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SCENARIO = REPO / "scenarios" / "swing-8k.toml"
@@ -451,9 +451,9 @@ def _cmd_agent(args: argparse.Namespace) -> int:
         loop.add_signal_handler(signal.SIGHUP, on_sighup)
         try:
             port = await agent.start(args.host, args.port)
-        except OSError as exc:
+        except ListenError:  # "cannot listen on host:port: why", exit status 2
             gpus.close()  # nothing was set yet: nothing to restore
-            raise DimmerError(f"cannot listen on {args.host}:{args.port}: {exc}") from None
+            raise
         sys.stdout.write(f"listening on {args.host}:{port}\n")
         sys.stdout.flush()
         await agent.run()

@@ -2,7 +2,9 @@
 
 DimmerError
  └── InputError        bad user input (scenario, site config, register value, argument): exit status 2.
-                       str() is one line: "<source>: <key path>: <what was expected>".
+      │                str() is one line: "<source>: <key path>: <what was expected>".
+      └── ListenError  a listener that cannot listen (port in use, no such host, a port that needs root):
+                       "cannot listen on <host>:<port>: <reason>", exit status 2 like any bad address given.
 """
 
 from __future__ import annotations
@@ -58,3 +60,19 @@ def from_validation_error(source: str, exc: Any, prefix: Sequence[Any] = ()) -> 
     if err.get("type") not in ("missing", "extra_forbidden") and not isinstance(got, dict | list):
         msg = f"{msg} (got {got!r})"
     return InputError(source, key_path([*prefix, *loc]), msg)
+
+
+class ListenError(InputError):
+    """A server could not listen on the address it was given; str() is "cannot listen on HOST:PORT: REASON"."""
+
+    def __init__(self, address: str, reason: str) -> None:
+        super().__init__(address, "listen", reason)
+        self.address = address
+        self.reason = reason
+        self.args = (f"cannot listen on {address}: {reason}",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+    def __reduce__(self) -> tuple[type[ListenError], tuple[str, str]]:  # type: ignore[override]
+        return (type(self), (self.address, self.reason))

@@ -8,6 +8,9 @@ import asyncio
 import logging
 import math
 import platform
+import socket
+import threading
+import time
 import urllib.request
 from importlib import metadata
 from typing import Any
@@ -18,6 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 import dimmer
 from dimmer.daemon.loop import CycleResult, Daemon
 from dimmer.daemon.metrics import DaemonMetrics, DeviceStatus, is_loopback
+from dimmer.daemon.netguard import ConnectionLimits
+from dimmer.errors import InputError
 from tests.daemon_fakes import RACK_UNITS, FakePlant, loaded_config
 
 DEVICES = {"pcc": "meter", "bess": "battery", "row0": "racks", "row1": "racks"}
@@ -231,3 +236,42 @@ def test_a_scrape_of_some_families_by_name_finds_them_without_created() -> None:
         assert got["dimmer_cycles_total"] == [({}, 1.0)]
     finally:
         m.close()
+
+
+def _serving_threads() -> int:
+    return sum("process_request_thread" in t.name for t in threading.enumerate())
+
+
+def test_idle_connections_hold_at_most_the_cap_and_a_scraper_is_still_served() -> None:
+    """Issue 12, item 11: prometheus-client started a thread for every connection, for ever; now at most the cap
+    (4 here), a silent one is closed after the idle timeout (1 s here), and a scrape from another address is
+    answered while a client holds 30 idle sockets."""
+    m = DaemonMetrics(loaded_config().site, list(DEVICES))
+    port = m.serve(("127.0.0.1", 0), ConnectionLimits(4, 1.0))
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(30):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=5.0, source_address=("127.0.0.2", 0)))
+        t_open = time.monotonic()  # the last idle connection was made before this
+        assert "dimmer_cycles_total" in scrape(port)  # from 127.0.0.1
+        assert _serving_threads() <= 4
+        # the survivors are closed after the idle timeout, not before (generous upper bound: a loaded machine)
+        while (n := _serving_threads()) > 0:
+            assert time.monotonic() - t_open < 10.0, n
+            time.sleep(0.05)
+        assert time.monotonic() - t_open >= 0.9
+        assert "dimmer_cycles_total" in scrape(port)
+    finally:
+        for s in idle:
+            s.close()
+        m.close()
+
+
+def test_the_metrics_limits_are_config_keys_validated_like_every_key() -> None:
+    d = loaded_config().config.daemon
+    assert (d.metrics_max_connections, d.metrics_idle_timeout_s) == (8, 10.0)
+    cfg = loaded_config(daemon={"metrics_max_connections": 2, "metrics_idle_timeout_s": 0.5}).config.daemon
+    assert (cfg.metrics_max_connections, cfg.metrics_idle_timeout_s) == (2, 0.5)
+    for key, bad in (("metrics_max_connections", 0), ("metrics_max_connections", 1.5), ("metrics_idle_timeout_s", 0)):
+        with pytest.raises(InputError, match=f"daemon.{key}"):
+            loaded_config(daemon={key: bad})

@@ -10,6 +10,7 @@ that builds every MBAP header by hand with struct.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import struct
 import threading
@@ -24,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dimmer.daemon.agent import RACK_IMAGE_SIZE, CapAgent
+from dimmer.daemon.netguard import ConnectionLimits
 from dimmer.daemon.nvml import SimulatedGpus
 from gridsim.serve import METER_UNIT, PlantServer
 from tests.budget import examples
@@ -347,3 +349,150 @@ def test_many_short_connections_in_a_row(target: Target) -> None:
                 assert response(s, tid, target.unit) == bytes([3, 4]) + target.marker
             # odd ones read their answer, even ones hang up before it
     assert_serving(target)
+
+
+# -- function codes outside the documented set, and what a flood of them logs (issue 12, item 12) ----------------
+
+# every function code but 3, 6 and 16: the standard ones pymodbus would answer by itself (diagnostics 8, event
+# counter 11, report server id 17, file records 20 / 21, FIFO 24, device identification 43), coils and inputs,
+# the user-defined ranges, and every code with the exception bit set (0x80 and up: pymodbus logged a traceback)
+UNSERVED = sorted(
+    {*range(0, 3), 4, 5, 7, 8, 11, 12, 15, 17, 20, 21, 22, 23, 24, 43, 0x41, 0x64, *range(0x80, 0x100, 7)}
+)
+
+
+def test_every_function_code_outside_the_documented_set_is_exception_1(target: Target) -> None:
+    with open_to(target) as s:
+        for tid, fc in enumerate(UNSERVED, start=100):
+            s.sendall(mbap(tid, target.unit, struct.pack(">BHH", fc, 0, 1)))
+            assert response(s, tid, target.unit) == bytes([(fc | 0x80) & 0xFF, ILLEGAL_FUNCTION]), fc
+    assert_serving(target)
+
+
+def test_a_thousand_malformed_frames_log_a_few_lines_and_no_traceback(
+    target: Target, caplog: pytest.LogCaptureFixture
+) -> None:
+    # unserved function codes of every kind, and served ones whose counts do not add up, on one connection
+    frames = [struct.pack(">BHH", UNSERVED[i % len(UNSERVED)], 0, 1) for i in range(600)]
+    frames += [struct.pack(">BHHB", 16, 16, 2, 5 + i % 3) + b"\x00" * 4 for i in range(200)]
+    frames += [struct.pack(">BHHB", 3, 0, 1, i % 256) for i in range(200)]
+    with caplog.at_level(logging.INFO), open_to(target, 5.0) as s:  # what an operator logs
+        for tid, pdu in enumerate(frames):
+            s.sendall(mbap(tid, target.unit, pdu))
+            got = response(s, tid, target.unit)
+            assert len(got) == 2 and got[0] & 0x80 and got[1] in (ILLEGAL_FUNCTION, ILLEGAL_DATA_VALUE), (pdu, got)
+    text = caplog.text
+    assert "Traceback" not in text and not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    # once per client per kind, then the 2nd, 4th, 8th, ...: about 10 lines a kind (was ~800 bytes a frame)
+    refusals = [r for r in caplog.records if "so far" in r.getMessage()]
+    assert 2 <= len(refusals) <= 40, [r.getMessage() for r in refusals]
+    assert len(text) < 10_000, len(text)
+    assert_serving(target)
+
+
+def test_requests_pipelined_behind_a_refused_one_are_all_answered(target: Target) -> None:
+    burst = b"".join(mbap(200 + i, target.unit, struct.pack(">BHH", 8 if i % 2 else 0x90, 0, 1)) for i in range(6))
+    burst += mbap(206, target.unit, read_pdu(target.marker_address, 2))
+    with open_to(target) as s:
+        s.sendall(burst)
+        for i in range(6):
+            assert response(s, 200 + i, target.unit)[1] == ILLEGAL_FUNCTION
+        assert response(s, 206, target.unit) == bytes([3, 4]) + target.marker
+
+
+# -- a cap on connections and an idle timeout (issue 12, item 11) --------------------------------------------------
+
+CAP, IDLE_S = 8, 1.0
+HOSTILE = "127.0.0.2"  # another loopback address: the hostile client, while the legitimate one is 127.0.0.1
+
+
+@pytest.fixture(scope="module")
+def capped_plant(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
+    lt = LoopThread()
+    limits = ConnectionLimits(CAP, IDLE_S)
+    srv = PlantServer(scenario(tmp_path_factory.mktemp("capped"), duration=3600.0), speed=10.0, limits=limits)
+    try:
+        lt.run(srv.start())
+        yield Target("plant", srv.port, METER_UNIT, 40000, b"SunS", srv.map_size(METER_UNIT), lambda: srv.update_count)
+    finally:
+        lt.run(srv.stop())
+        lt.close()
+
+
+@pytest.fixture(scope="module")
+def capped_agent() -> Iterator[Target]:
+    lt = LoopThread()
+    ag = CapAgent(SimulatedGpus(2), safe_cap_w=840.0, period_s=0.05, limits=ConnectionLimits(CAP, IDLE_S))
+    port = lt.run(ag.start(HOST, 0))
+    task = lt.run(_spawn(ag.run()))
+    try:
+        yield Target("agent", port, ag.unit, 0, b"DMRK", RACK_IMAGE_SIZE, lambda: ag.update_count)
+    finally:
+        ag.request_stop()
+        lt.run(asyncio.wait_for(task, 10.0))
+        lt.close()
+
+
+@pytest.fixture(params=["capped_plant", "capped_agent"])
+def capped(request: pytest.FixtureRequest) -> Target:
+    """Either server with a cap of 8 connections and an idle timeout of 1 s."""
+    t: Target = request.getfixturevalue(request.param)
+    return t
+
+
+def closed_by_server(s: socket.socket, wait_s: float = 0.05) -> bool:
+    """The server has closed `s` (end of file or a reset), without waiting more than `wait_s` to know."""
+    s.settimeout(wait_s)
+    try:
+        return s.recv(1) == b""
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def read_marker(s: socket.socket, t: Target, tid: int) -> None:
+    s.sendall(mbap(tid, t.unit, read_pdu(t.marker_address, 2)))
+    assert response(s, tid, t.unit) == bytes([3, 4]) + t.marker
+
+
+def test_a_client_holding_many_idle_sockets_keeps_at_most_the_cap_and_others_are_served(capped: Target) -> None:
+    legit = open_to(capped, 5.0)
+    hostile: list[socket.socket] = []
+    try:
+        read_marker(legit, capped, 1)
+        for _ in range(5 * CAP):  # 40 idle sockets from another address (1,118 locked the daemon out)
+            hostile.append(socket.create_connection((HOST, capped.port), timeout=5.0, source_address=(HOSTILE, 0)))
+        # the legitimate client's own connection is never the one closed, and it is answered at once
+        for tid in range(2, 6):
+            read_marker(legit, capped, tid)
+        assert_serving(capped)  # a new connection of the legitimate client too
+        time.sleep(0.3)  # let the closes land (generous: they are sent as each new connection is accepted)
+        still_open = [s for s in hostile if not closed_by_server(s)]
+        assert len(still_open) <= CAP - 1, len(still_open)  # the cap holds, the legitimate client's included
+        read_marker(legit, capped, 6)
+    finally:
+        legit.close()
+        for s in hostile:
+            s.close()
+    assert_serving(capped)
+
+
+def test_a_silent_connection_is_closed_after_the_idle_timeout_and_a_talking_one_is_not(capped: Target) -> None:
+    silent = open_to(capped, 5.0)
+    talking = open_to(capped, 5.0)
+    try:
+        t0 = time.monotonic()
+        tid = 0
+        while not closed_by_server(silent):
+            assert time.monotonic() - t0 < 10 * IDLE_S, "the silent connection was never closed"
+            tid += 1
+            read_marker(talking, capped, tid)  # asks every ~50 ms: never idle
+        assert time.monotonic() - t0 >= 0.9 * IDLE_S  # not before its time
+        for _ in range(3):  # and the talking one stays open past the timeout
+            time.sleep(IDLE_S / 4)
+            tid += 1
+            read_marker(talking, capped, tid)
+    finally:
+        silent.close()
+        talking.close()

@@ -531,3 +531,12 @@ def test_main_serve_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixt
     scenario(tmp_path)
     assert main_serve([str(tmp_path / "eight.toml"), "--speed", "0"]) == 2
     assert "speed" in capsys.readouterr().err
+
+
+def test_main_serve_connection_limits_are_vetted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario(tmp_path)
+    for opt, bad in (("--max-connections", "0"), ("--max-connections", "100000"), ("--idle-timeout-s", "nan"),
+                     ("--idle-timeout-s", "0"), ("--idle-timeout-s", "inf")):  # fmt: skip
+        assert main_serve([str(tmp_path / "eight.toml"), "--port", "0", opt, bad]) == 2, (opt, bad)
+        err = capsys.readouterr().err
+        assert err.startswith(f"gridsim: {opt}: ") and err.count("\n") == 1, err

@@ -41,6 +41,7 @@ from dimmer.daemon.agent_server import (
     WriteRefused,
     unknown_unit_device,
 )
+from dimmer.daemon.netguard import ConnectionLimits
 from dimmer.daemon.nvml import GpuBackend, GpuError
 from dimmer.daemon.registers import (
     LEASE_EXPIRED,
@@ -155,7 +156,8 @@ class CapAgent:
     """The GPUs of one host as a one-rack `dimmer-rack-v1` device, with a lease and a safe cap.
 
     `lease_s` (the agent's own lease) defaults to `lease_periods` x `period_s`; it must be at least one period and
-    at most 86400 s (ValueError). `allow`: who may connect (default: loopback only).
+    at most 86400 s (ValueError). `allow`: who may connect (default: loopback only); `limits`: connections at once
+    and their idle timeout (default `netguard.ConnectionLimits()`: 32, 120 s).
     """
 
     def __init__(
@@ -170,6 +172,7 @@ class CapAgent:
         unit: int = 1,
         overhead_w: float = 0.0,
         allow: AllowList | None = None,
+        limits: ConnectionLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not (math.isfinite(period_s) and period_s > 0):
@@ -188,7 +191,9 @@ class CapAgent:
         self.default_w = np.clip(gpus.default_limit_w(), self.min_w, self.max_w)  # restored at exit
         self.start_w = gpus.limit_w()  # what it found (logged; not restored)
         self.image = rack_image(first_rack, 1, float(np.mean(self.safe_w)), self.own_lease_s)
-        self.server = RegisterServer({unit: self.image}, {unit: rack_writable(1)}, self._on_write, allow=allow)
+        self.server = RegisterServer(
+            {unit: self.image}, {unit: rack_writable(1)}, self._on_write, allow=allow, limits=limits
+        )
         self.lease_state = LEASE_NONE
         self.last_write_s: float | None = None
         self.commanded_w: FloatArray | None = None  # the limits last applied

@@ -14,6 +14,11 @@ recorded, counted by client address and logged (logger "dimmer.agent").
   (the latest WRITES_KEPT to 2 x WRITES_KEPT, oldest first), counted in `n_writes`, `n_writes_refused`,
   `writes_by_client` and `refused_by_client`, and logged: accepted at INFO, refused at WARNING.
 - A request to a unit it does not serve gets exception 0x0B (`unknown_unit_device`), without a traceback in the log.
+- **What is answered at all** (`agent_net.GuardedTcpServer`, `netguard`): function codes 3, 6 and 16 only (any other
+  is exception 1), requests whose counts add up (else exception 3), Modbus TCP framing (else the connection is
+  closed); at most `limits.max_connections` connections at once (a new one closes the longest-silent connection of
+  the client holding the most) and none silent for longer than `limits.idle_timeout_s`. A listen failure is a
+  `ListenError`: "cannot listen on host:port: why".
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from dimmer.daemon.netguard import ConnectionLimits
 from dimmer.errors import DimmerError
 
 log = logging.getLogger("dimmer.agent")
@@ -135,7 +141,8 @@ class RegisterServer:
     ILLEGAL_ADDRESS, a read past the image with ILLEGAL_ADDRESS too. `on_write(unit, address, values, candidate)`
     runs before a write inside them is stored, with the image as it would be after it: it returns a note for the
     log (or None), raises `WriteRefused` to refuse it, or a DimmerError (the client then gets DEVICE_FAILURE).
-    Only when it returns are the written registers stored. `allow`: who may connect (default loopback only).
+    Only when it returns are the written registers stored. `allow`: who may connect (default loopback only);
+    `limits`: how many connections at once and how long one may stay silent (`netguard.ConnectionLimits`).
     """
 
     def __init__(
@@ -145,8 +152,10 @@ class RegisterServer:
         on_write: OnWrite | None = None,
         *,
         allow: AllowList | None = None,
+        limits: ConnectionLimits | None = None,
     ) -> None:
         self.images = images
+        self.limits = limits or ConnectionLimits()
         self.writable: dict[int, npt.NDArray[np.bool_]] = {}
         for unit, image in images.items():
             mask = np.zeros(image.shape[0], dtype=bool)
@@ -161,6 +170,7 @@ class RegisterServer:
         self.writes_by_client: Counter[str] = Counter()
         self.refused_by_client: Counter[str] = Counter()
         self.connections_refused: Counter[str] = Counter()
+        self.connections_by_client: Counter[str] = Counter()  # admitted connections
         self.reads = 0
         self._server: Any = None
         self.port: int | None = None
@@ -168,19 +178,17 @@ class RegisterServer:
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         from pymodbus.simulator import DataType, SimData, SimDevice
 
-        from dimmer.daemon.agent_net import GatedTcpServer
+        from dimmer.daemon.agent_net import GuardedTcpServer
 
         devices = [] if 0 in self.images else [unknown_unit_device()]
         for unit, image in self.images.items():
             data = SimData(0, count=int(image.shape[0]), values=0, datatype=DataType.REGISTERS)
             devices.append(SimDevice(id=unit, simdata=[data], action=self._action_for(unit)))
-        server = GatedTcpServer(devices, address=(host, port), admit=self._admit)
-        try:
-            await server.serve_forever(background=True)
-        except RuntimeError:  # pymodbus: "Could not start listen"
-            raise OSError(str(server.listen_error or "could not listen")) from None
+        server = GuardedTcpServer(
+            devices, address=(host, port), units=self.images, limits=self.limits, admit=self._admit, log=log
+        )
+        self.port = await server.start()  # ListenError (one line: host:port and why) if it cannot listen
         self._server = server
-        self.port = int(self._server.transport.sockets[0].getsockname()[1])
         return self.port
 
     @property
@@ -207,7 +215,11 @@ class RegisterServer:
     def _admit(self, host: str, port: int) -> bool:
         host = client_host(host)
         if self.allow.allows(host):
-            log.info("client %s connected", _peer_text(host, port))
+            key = _key(self.connections_by_client, host)
+            self.connections_by_client[key] += 1
+            n = self.connections_by_client[key]
+            if n & (n - 1) == 0:  # the 1st, 2nd, 4th, ... from one address: a flood of connections logs little
+                log.info("client %s connected; %d connections from it so far", _peer_text(host, port), n)
             return True
         key = _key(self.connections_refused, host)
         self.connections_refused[key] += 1

@@ -133,6 +133,10 @@ class DaemonSpec(Strict):
     read_timeout_s: float | None = Field(default=None, gt=0)  # a whole device read; default: half the period
     metrics_address: str = "127.0.0.1:9108"  # host:port of the Prometheus endpoint; "" disables it
     metrics_rack_domains: bool = False  # also export rack-level domains (one series per rack and metric)
+    # connections the endpoint serves at once (a new one over it closes the longest-silent of the busiest client),
+    # and how long one may take to send its request or read the answer: a thread each, so both bounded
+    metrics_max_connections: int = Field(default=8, ge=1, le=1000)
+    metrics_idle_timeout_s: float = Field(default=10.0, gt=0, le=3600)
     audit_log: str | None = None  # JSON-lines audit log; relative paths are relative to the config file
     state_file: str | None = None  # controller filter state, saved atomically
     state_every: int = Field(default=10, ge=1)  # save the state every this many cycles (and at exit)

@@ -58,6 +58,7 @@ from dimmer.daemon.handles import (
 )
 from dimmer.daemon.metrics import DaemonMetrics, RecentDurations
 from dimmer.daemon.modes import ALLOWED, IllegalTransition, Mode, ModeMachine
+from dimmer.daemon.netguard import ConnectionLimits
 from dimmer.daemon.notify import SystemdNotifier, watchdog_error
 from dimmer.daemon.observe import ObservationBuilder, Snapshot
 from dimmer.daemon.safety import decide, enforce_safety, safe_actions, safety_net
@@ -231,11 +232,11 @@ class Daemon:
         if self._stop_requested:
             self._stop.set()
         if self._metrics_address is not None:
-            try:
-                self.metrics_port = self.metrics.serve(self._metrics_address)
-                log.info("metrics on http://%s:%d/metrics", self._metrics_address[0], self.metrics_port)
-            except OSError as exc:
-                raise DimmerError(f"metrics endpoint {self._metrics_address}: {exc}") from None
+            spec = self.loaded.config.daemon
+            limits = ConnectionLimits(spec.metrics_max_connections, spec.metrics_idle_timeout_s)
+            # ListenError (an InputError: exit status 2) when it cannot listen: "cannot listen on host:port: why"
+            self.metrics_port = self.metrics.serve(self._metrics_address, limits)
+            log.info("metrics on http://%s:%d/metrics", self._metrics_address[0], self.metrics_port)
         self._t0_mono = self.clock()
         log.info(
             "started: %d devices, controller %s, period %g s%s%s%s",

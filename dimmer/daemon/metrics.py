@@ -27,11 +27,13 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, Info, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 import dimmer
 from dimmer.daemon.audit import AuditLog, json_safe, reasons_json, rle, write_reasons
+from dimmer.daemon.metrics_http import METRICS_IDLE_TIMEOUT_S, METRICS_MAX_CONNECTIONS, serve_metrics
+from dimmer.daemon.netguard import ConnectionLimits
 from dimmer.observation import Actions, Observation, Reason
 from dimmer.site import SiteModel
 
@@ -187,10 +189,14 @@ class DaemonMetrics:
         for name in device_names:
             self.device_up.labels(device=name).set(1)
 
-    def serve(self, address: tuple[str, int]) -> int:
-        """Start the HTTP endpoint on `address`; returns the bound port (0 picks a free one). A warning when the
-        address is not a loopback one: the endpoint tells the site's loads to whoever can reach it."""
-        server, _thread = start_http_server(address[1], addr=address[0], registry=self.registry)
+    def serve(self, address: tuple[str, int], limits: ConnectionLimits | None = None) -> int:
+        """Start the HTTP endpoint on `address`; returns the bound port (0 picks a free one). ListenError (one line:
+        host:port and why) if it cannot listen. `limits`: connections at once and their idle timeout (default 8,
+        10 s: `metrics_http`). A warning when the address is not a loopback one: the endpoint tells the site's
+        loads to whoever can reach it."""
+        if limits is None:
+            limits = ConnectionLimits(METRICS_MAX_CONNECTIONS, METRICS_IDLE_TIMEOUT_S)
+        server, _thread = serve_metrics(address, self.registry, limits)
         self._server = server
         host, port = self.bound_address or address
         if not is_loopback(host):

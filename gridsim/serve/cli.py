@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from dimmer.daemon.netguard import IDLE_TIMEOUT_S, MAX_CONNECTIONS, ConnectionLimits
 from dimmer.errors import InputError
 from gridsim.serve.plant import PlantServer
 
@@ -25,6 +26,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hold-until-first-write", action="store_true",
                    help="stop the plant at its first control point until a client writes (a served run then starts "
                    "like the in-process one)")  # fmt: skip
+    p.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS,
+                   help=f"connections served at once; one more closes the longest-silent connection of the client "
+                   f"holding the most (default {MAX_CONNECTIONS})")  # fmt: skip
+    p.add_argument("--idle-timeout-s", type=float, default=IDLE_TIMEOUT_S,
+                   help=f"close a connection silent this long (default {IDLE_TIMEOUT_S:g} s)")  # fmt: skip
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a scenario key, e.g. --set duration_s=600")  # fmt: skip
 
@@ -37,6 +43,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise InputError("--seed", "seed", "a non-negative integer")
     if not (math.isfinite(args.speed) and args.speed > 0):
         raise InputError("--speed", "speed", f"a positive number (got {args.speed!r})")
+    limits = _limits(args)
     loaded = load_scenario(args.scenario, args.overrides)
     out = args.out or Path("out") / f"{loaded.scenario.name}-served"
     server = PlantServer(
@@ -47,8 +54,23 @@ def run_serve(args: argparse.Namespace) -> int:
         out_dir=out,
         seed=args.seed,
         hold_until_first_write=bool(getattr(args, "hold_until_first_write", False)),
+        limits=limits,
     )
     return asyncio.run(_serve_until_done(server))
+
+
+def _limits(args: argparse.Namespace) -> ConnectionLimits:
+    """--max-connections and --idle-timeout-s, vetted (InputError naming the option)."""
+    n = getattr(args, "max_connections", MAX_CONNECTIONS)
+    idle = getattr(args, "idle_timeout_s", IDLE_TIMEOUT_S)
+    try:
+        ConnectionLimits(max_connections=n)
+    except ValueError as exc:
+        raise InputError("--max-connections", "max_connections", str(exc).split(": ", 1)[1]) from None
+    try:
+        return ConnectionLimits(n, idle)
+    except ValueError as exc:
+        raise InputError("--idle-timeout-s", "idle_timeout_s", str(exc).split(": ", 1)[1]) from None
 
 
 async def _serve_until_done(server: PlantServer) -> int:

@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dimmer.daemon import registers as R
+from dimmer.daemon.netguard import ConnectionLimits
 from dimmer.errors import InputError
 from dimmer.observation import Actions, Observation
 from gridsim.engine import SimResult
@@ -52,6 +53,8 @@ class PlantServer:
 
     `hold_until_first_write`: the plant stops at its first control point (t = one control period, the
     observation published) until a client writes, and applies that write from there (package docstring).
+    `limits`: connections served at once and how long one may stay silent (`dimmer.daemon.netguard`).
+    `start()` raises `ListenError` (one line: host:port and why) when it cannot listen.
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class PlantServer:
         safe_cap_w: float | None = None,
         controller_label: str = "daemon",
         hold_until_first_write: bool = False,
+        limits: ConnectionLimits | None = None,
     ) -> None:
         if not speed > 0:
             raise InputError("--speed", "speed", f"a positive number (got {speed!r})")
@@ -73,6 +77,7 @@ class PlantServer:
             raise InputError("--port", "port", f"0..65535 (got {port!r})")
         self.loaded = loaded
         self.host = host
+        self.limits = limits or ConnectionLimits()
         self._port = int(port)
         self.speed = float(speed)
         self.out_dir = Path(out_dir) if out_dir is not None else None
@@ -251,7 +256,9 @@ class PlantServer:
     async def _listen(self, port: int) -> None:
         from gridsim.serve.modbus import listen
 
-        self._server, self._port = await listen(self._images, self._on_access, self._on_refused, self.host, port)
+        self._server, self._port = await listen(
+            self._images, self._on_access, self._on_refused, self.host, port, self.limits
+        )
 
     async def _close_listener(self) -> None:
         server, self._server = self._server, None
