@@ -109,12 +109,12 @@ def _expect_error(path: Path, gpus: int, *parts: str) -> None:
 
 def test_malformed_files(tmp_path: Path) -> None:
     good = _rows(["100 W", "110 W", "120 W", "130 W"])
-    _expect_error(tmp_path / "nope.csv", 1, "nope.csv", "no file")
+    _expect_error(tmp_path / "nope.csv", 1, "nope.csv", "an existing")
     _expect_error(_write(tmp_path, ["time, watts", "1, 2"], "h.csv"), 1, "h.csv:1:", "header")
     _expect_error(_write(tmp_path, [], "e.csv"), 1, "e.csv:1:")
     bad = list(good)
     bad[3] = "2025/12/10 17:40:10.200, abc W, 80 %, 100 MiB"
-    _expect_error(_write(tmp_path, bad, "b.csv"), 1, "b.csv:4:", "'abc W'")
+    _expect_error(_write(tmp_path, bad, "b.csv"), 1, "b.csv:4:", "power like", "column 2")
     neg = list(good)
     neg[2] = "2025/12/10 17:40:10.100, -5 W, 80 %, 100 MiB"
     _expect_error(_write(tmp_path, neg, "n.csv"), 1, "n.csv:3:")

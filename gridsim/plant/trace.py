@@ -4,6 +4,9 @@ nvidia-smi writes one row per GPU per sample, so with several GPUs the rows alte
 then the next sample. Values may carry unit suffixes (`195.48 W`, `--format=csv`) or not (`csv,nounits`).
 A read the driver failed (`[N/A]`, `[Unknown Error]`, `[Not Supported]`, or an exact `0 W`, which a live GPU
 never draws) is a gap, filled by linear interpolation in time from the same GPU's neighbouring samples.
+
+The path may name any file (a scenario is not trusted): it is read only if it is a regular file of at most
+dimmer.inputfile.MAX_DATA_BYTES, and an error says what was expected at which line, never what the file holds.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dimmer.errors import InputError
+from dimmer.inputfile import MAX_DATA_BYTES, read_input_text
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -60,12 +64,8 @@ def load_nvsmi_trace(path: str | Path, gpus: int, source: str, key: str) -> tupl
     p = Path(path)
     if gpus < 1:
         raise InputError(source, key, f"trace_gpus >= 1 (got {gpus})")
-    try:
-        text = p.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise InputError(source, key, f"an nvidia-smi CSV power trace, but there is no file {str(p)!r}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(source, key, f"a readable nvidia-smi CSV power trace: {p}: {exc}") from None
+    what = f"nvidia-smi CSV power trace ({p})"
+    text = read_input_text(p, source, key, what, MAX_DATA_BYTES)
 
     lines = text.splitlines()  # LF or CRLF
     if not lines:
@@ -74,9 +74,7 @@ def load_nvsmi_trace(path: str | Path, gpus: int, source: str, key: str) -> tupl
     i_time = _column(header, "timestamp")
     i_power = _column(header, "power.draw")
     if i_time < 0 or i_power < 0:
-        raise InputError(
-            source, key, f"{p}:1: a header with 'timestamp' and 'power.draw [W]' columns (got {lines[0]!r})"
-        )
+        raise InputError(source, key, f"{p}:1: a header with 'timestamp' and 'power.draw [W]' columns")
     n_cols = len(header)
 
     times: list[datetime] = []
@@ -87,7 +85,7 @@ def load_nvsmi_trace(path: str | Path, gpus: int, source: str, key: str) -> tupl
         fields = [f.strip() for f in line.split(",")]
         if len(fields) != n_cols:
             raise InputError(
-                source, key, f"{p}:{lineno}: {n_cols} comma-separated fields as in the header (got {line!r})"
+                source, key, f"{p}:{lineno}: {n_cols} comma-separated fields as in the header (got {len(fields)})"
             )
         try:
             times.append(_parse_time(fields[i_time]))
@@ -95,13 +93,13 @@ def load_nvsmi_trace(path: str | Path, gpus: int, source: str, key: str) -> tupl
             raise InputError(
                 source,
                 key,
-                f"{p}:{lineno}: a timestamp like '2025/12/10 17:40:10.592' (got {fields[i_time]!r})",
+                f"{p}:{lineno}: a timestamp like '2025/12/10 17:40:10.592' in column {i_time + 1}",
             ) from None
         try:
             powers.append(_parse_power(fields[i_power]))
         except ValueError:
             raise InputError(
-                source, key, f"{p}:{lineno}: a power like '195.48 W' or '[N/A]' (got {fields[i_power]!r})"
+                source, key, f"{p}:{lineno}: a power like '195.48 W' or '[N/A]' in column {i_power + 1}"
             ) from None
 
     n = len(powers) // gpus
