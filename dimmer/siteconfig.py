@@ -8,14 +8,41 @@ misspelt key or a wrong unit suffix is an error, not a silent default.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dimmer.gpus import GPU_PRESETS
 
 LevelName = Literal["building", "hall", "row", "rack"]
 LEVEL_ORDER: tuple[str, ...] = ("campus", "building", "hall", "row", "rack")
+
+# The largest site a scenario or site config may describe: ~7 M GPUs, far beyond any campus planned, and small
+# enough that the per-rack arrays (and a simulation's per-rack buffers) fit in memory.
+MAX_RACKS = 100_000
+MAX_GPUS_PER_RACK = 576  # NVL576, the densest rack announced; also the most GPUs one `dimmer agent` serves
+
+
+def _printable(name: str) -> str:
+    # names go raw into CSV headers, Prometheus labels, logs and the terminal: a line break, NUL or ESC there
+    # forges rows and lines or drives the terminal
+    if not name.isprintable():
+        raise ValueError("a name without control characters (line breaks, tabs, NUL, ESC)")
+    return name
+
+
+def _path_safe(name: str) -> str:
+    # a scenario or sweep name becomes a directory name (out/<name>-<controller>): a separator in it wrote
+    # outside out/, and `dimmer run --sim` deleted files there
+    if "/" in name or "\\" in name:
+        raise ValueError("a name without / or \\ (it names the output directory out/<name>-...)")
+    return name
+
+
+# A name a user gives (a job, a device): printable, at most 200 characters.
+Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_printable)]
+# A name that also names a directory: no path separator, short enough for a file name with its suffix.
+PathName = Annotated[str, Field(min_length=1, max_length=100), AfterValidator(_printable), AfterValidator(_path_safe)]
 
 
 class Strict(BaseModel):
@@ -141,7 +168,7 @@ class StorageSpec(Strict):
 class JobPlacementSpec(Strict):
     """Where a synchronous job runs and how much it matters. Exactly one of gpus, racks or building."""
 
-    name: str = Field(min_length=1)
+    name: Name
     priority: int = Field(default=0, ge=0, le=1000)  # higher keeps power longer
     gpus: int | None = Field(default=None, ge=1)
     racks: tuple[int, int] | None = None  # [first, last) rack index
@@ -159,8 +186,8 @@ class JobPlacementSpec(Strict):
 
 class SiteSpec(Strict):
     gpu: str = "gb300"
-    gpus_per_rack: int = Field(default=72, ge=1, le=576)
-    active_gpus_per_rack: int = Field(default=64, ge=1, le=576)
+    gpus_per_rack: int = Field(default=72, ge=1, le=MAX_GPUS_PER_RACK)
+    active_gpus_per_rack: int = Field(default=64, ge=1, le=MAX_GPUS_PER_RACK)
     spare_rack_frac: float = Field(default=0.02, ge=0, le=1)
     rectifier_eff: float = Field(default=0.97, gt=0.5, le=1)  # OCP ORv3: 96.5-97.5 %
     pcc: PccSpec
@@ -181,3 +208,11 @@ class SiteSpec(Strict):
         if order != sorted(set(order)):
             raise ValueError("levels must be distinct and ordered building, hall, row, rack")
         return self
+
+    @field_validator("levels")
+    @classmethod
+    def _bounded(cls, levels: list[LevelSpec]) -> list[LevelSpec]:
+        racks = math.prod(lv.count for lv in levels)
+        if racks > MAX_RACKS:
+            raise ValueError(f"at most {MAX_RACKS:,} racks in all (the level counts multiply to {racks:,})")
+        return levels

@@ -1,7 +1,13 @@
 """The door in: a scenario TOML file -> a validated Scenario -> the site and the plant it describes.
 
 Every key is checked here, once, with the file and the key path in the error; nothing downstream re-validates.
-Paths inside a scenario (trace files, frequency replays) are relative to the scenario file.
+Paths inside a scenario (trace files, frequency replays) are relative to the scenario file, and are read here too,
+as is every `[controllers.<name>]` table (by building that controller): what `gridsim validate` accepts, a run
+accepts, and nothing fails minutes into a run.
+
+Sizes are bounded so that a run cannot exhaust memory: at most MAX_TICKS plant ticks, engine.tick_s at least
+MIN_TICK_S, at most MAX_RUN_BYTES of recorded series and telemetry buffers, at most dimmer.siteconfig.MAX_RACKS
+racks; a scenario file is at most dimmer.inputfile.MAX_TOML_BYTES, nested at most dimmer.tomlfile.MAX_TOML_DEPTH.
 """
 
 from __future__ import annotations
@@ -12,20 +18,32 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from pydantic import Field, ValidationError, model_validator
 
-from dimmer.errors import InputError, from_validation_error
+from dimmer.errors import InputError, from_validation_error, key_path
+from dimmer.inputfile import MAX_DATA_BYTES, check_input_file
 from dimmer.site import SiteModel, build_site
-from dimmer.siteconfig import SiteSpec, Strict
+from dimmer.siteconfig import PathName, SiteSpec, Strict
+from dimmer.tomlfile import MAX_TOML_DEPTH, toml_depth
 from dimmer.tomlfile import read_toml as read_toml_file
 from gridsim.plant.breakers import BreakerSpec
 from gridsim.plant.gpu import GpuActuationSpec
-from gridsim.plant.grid import FrequencySpec
-from gridsim.plant.workload import BackgroundSpec, JobSpec
+from gridsim.plant.grid import FrequencySpec, load_frequency_csv
+from gridsim.plant.workload import BackgroundSpec, JobSpec, Workload
+
+# A run keeps every campus series at every tick: 10 M ticks (11.5 days at the default 0.1 s) is ~1 GB of them.
+MAX_TICKS = 10_000_000
+# The plant's fastest dynamics (GPU power limit actuation, capacitor trays) are tens of ms; a finer tick models
+# nothing more, and its telemetry buffers grow as 1 / tick_s.
+MIN_TICK_S = 1e-3
+# What a run allocates for its recorded series and telemetry buffers, estimated before it starts.
+MAX_RUN_BYTES = 4 * 1024**3
+_N_TICK_SERIES = 12  # gridsim.engine.TICK_SERIES
 
 
 class EngineSpec(Strict):
-    tick_s: float = Field(default=0.1, gt=0, le=1.0)
+    tick_s: float = Field(default=0.1, ge=MIN_TICK_S, le=1.0)
     control_period_s: float = Field(default=1.0, gt=0, le=60.0)
     actuation_latency_s: float = Field(default=0.0, ge=0, le=120.0)  # network + agent, before the GPU lag
     record_racks: int = Field(default=64, ge=0, le=100_000)  # racks whose series are kept (evenly spaced)
@@ -172,7 +190,7 @@ Event = Annotated[
 
 
 class Scenario(Strict):
-    name: str = Field(min_length=1)
+    name: PathName
     description: str = ""
     seed: int = Field(default=0, ge=0)
     duration_s: float = Field(gt=0, le=30 * 86400)
@@ -227,10 +245,16 @@ def parse_override(text: str, source: str = "--set") -> tuple[list[str | int], A
                 raise InputError(source, key, "a list index in brackets, e.g. jobs[0]")
             path.append(int(idx))
             rest = rest.removeprefix("[")
+    if len(path) > MAX_TOML_DEPTH:
+        raise InputError(source, key[:60], f"a key at most {MAX_TOML_DEPTH} levels deep")
     try:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw.strip()
+    except RecursionError:  # the parser recurses per nesting level
+        raise InputError(source, key, f"a value nested at most {MAX_TOML_DEPTH} tables or arrays deep") from None
+    if toml_depth(value) + len(path) > MAX_TOML_DEPTH:
+        raise InputError(source, key, f"a value nested at most {MAX_TOML_DEPTH} tables or arrays deep")
     return path, value
 
 
@@ -282,9 +306,12 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Loade
 
 
 def check_references(loaded: LoadedScenario) -> None:
-    """Checks that need more than one key: jobs fit on the site, events name things that exist, files exist."""
+    """Checks that need more than one key: the run fits in memory, jobs fit on the site, events name things that
+    exist, trace and frequency files parse, every controller accepts its parameters."""
     sc = loaded.scenario
+    _check_ticks(loaded)
     site = loaded.site()
+    _check_run_size(loaded, site)
     names = set(site.job_name)
     for i, ev in enumerate(sc.events):
         key = f"events[{i}]"
@@ -295,20 +322,94 @@ def check_references(loaded: LoadedScenario) -> None:
         elif isinstance(ev, DerateEvent | _Fault):
             if ev.domain not in site.domain_name:
                 raise InputError(loaded.source, f"{key}.domain", f"a domain of the site (not {ev.domain!r})")
-        elif isinstance(ev, FrequencyReplayEvent) and not loaded.resolve(ev.path).is_file():
-            raise InputError(loaded.source, f"{key}.path", f"an existing file ({loaded.resolve(ev.path)})")
+        elif isinstance(ev, FrequencyReplayEvent):
+            _check_replay(loaded, ev, f"{key}.path")
     for i, job in enumerate(sc.jobs):
         if job.kind == "trace":
             if job.trace_path is None:
                 raise InputError(loaded.source, f"jobs[{i}].trace_path", "a trace file for kind = 'trace'")
-            if not loaded.resolve(job.trace_path).is_file():
-                raise InputError(
-                    loaded.source,
-                    f"jobs[{i}].trace_path",
-                    f"an existing file ({loaded.resolve(job.trace_path)})",
-                )
-    if sc.controller.name not in _controller_names():
-        raise InputError(loaded.source, "controller.name", f"one of {', '.join(_controller_names())}")
+            path = loaded.resolve(job.trace_path)
+            check_input_file(path, loaded.source, f"jobs[{i}].trace_path", "nvidia-smi CSV power trace")
+    # the workload as the engine builds it: every trace file is read and parsed, as a run would
+    jobs = [j.model_copy(update={"trace_path": str(loaded.resolve(j.trace_path))}) if j.trace_path else j
+            for j in sc.jobs]  # fmt: skip
+    Workload(site, jobs, sc.background, np.random.default_rng(0), loaded.source)
+    check_controllers(loaded, site)
+
+
+def _check_replay(loaded: LoadedScenario, ev: FrequencyReplayEvent, key: str) -> None:
+    """Read and parse the replay file as the run will (gridsim.plant.grid's parser), so a bad one fails now."""
+    path = loaded.resolve(ev.path)
+    check_input_file(path, loaded.source, key, "frequency record (CSV)", MAX_DATA_BYTES)
+    load_frequency_csv(path, loaded.source, key)
+
+
+def _check_ticks(loaded: LoadedScenario) -> None:
+    sc = loaded.scenario
+    n = sc.n_ticks
+    if n > MAX_TICKS:
+        # name the key the user moved: a tick set finer than the default, else the duration
+        key = "engine.tick_s" if "tick_s" in sc.engine.model_fields_set else "duration_s"
+        raise InputError(
+            loaded.source,
+            key,
+            f"at most {MAX_TICKS:,} ticks per run (duration_s / engine.tick_s = {sc.duration_s:g} / "
+            f"{sc.engine.tick_s:g} = {n:,}): a longer tick or a shorter run",
+        )
+
+
+def _check_run_size(loaded: LoadedScenario, site: SiteModel) -> None:
+    """Refuse a run whose recorded series and telemetry buffers (as gridsim.engine allocates them) would pass
+    MAX_RUN_BYTES, naming the key that makes most of it."""
+    sc = loaded.scenario
+    eng, tel = sc.engine, sc.telemetry
+    n_ticks = sc.n_ticks
+    tpp = max(1, round(eng.control_period_s / eng.tick_s))
+    n_periods = (n_ticks + tpp - 1) // tpp
+    rec_r = min(eng.record_racks, site.n_racks)
+    rec_d = min(site.n_domains, 1 + rec_r * len(sc.site.levels))  # each recorded rack adds a domain per level
+    ring_rows = max(1, round(tel.window_s / eng.tick_s)) + round(tel.delay_s / eng.tick_s)
+    parts = {
+        "duration_s": 8 * n_ticks * _N_TICK_SERIES,
+        "engine.record_racks": 8 * n_periods * (3 * rec_d + 4 * site.n_jobs + 2 * rec_r + 3),
+        "telemetry.window_s" if tel.window_s >= tel.delay_s else "telemetry.delay_s": 8 * 3 * ring_rows * site.n_racks,
+    }
+    total = sum(parts.values())
+    if total > MAX_RUN_BYTES:
+        key = max(parts, key=lambda k: parts[k])
+        raise InputError(
+            loaded.source,
+            key,
+            f"a run of at most {MAX_RUN_BYTES / 1024**3:g} GiB of recorded series and buffers (this one needs "
+            f"{total / 1024**3:.1f} GiB, most of it from {key}): a shorter run, a longer tick or fewer racks",
+        )
+
+
+def check_controllers(loaded: LoadedScenario, site: SiteModel | None = None) -> None:
+    """Build every controller the scenario has a `[controllers.<name>]` table for, and the scenario's own, with
+    its parameters: an unknown name or a bad parameter is an InputError naming the scenario file and the key."""
+    from dimmer.control import make_controller
+
+    sc = loaded.scenario
+    known = _controller_names()
+    if sc.controller.name not in known:
+        raise InputError(loaded.source, "controller.name", f"one of {', '.join(known)} (got {sc.controller.name!r})")
+    for name in sc.controllers:
+        if name not in known:
+            raise InputError(
+                loaded.source,
+                key_path(["controllers", name]),
+                f"a table named for a controller, one of {', '.join(known)}",
+            )
+    site = site or loaded.site()
+    names = [*sc.controllers, *([] if sc.controller.name in sc.controllers else [sc.controller.name])]
+    for name in names:
+        try:
+            make_controller(name, site, sc.controllers.get(name, {}), source=loaded.source)
+        except InputError as exc:
+            # the controller names its key as "params.<key>" (it does not know the file): say where it is here
+            rest = exc.key.removeprefix("params")
+            raise InputError(loaded.source, key_path(["controllers", name]) + rest, exc.expected) from None
 
 
 def _controller_names() -> list[str]:

@@ -18,7 +18,7 @@ from pydantic import Field, ValidationError
 
 from dimmer.control import controller_names, make_controller
 from dimmer.errors import InputError, from_validation_error, key_path
-from dimmer.siteconfig import Strict
+from dimmer.siteconfig import PathName, Strict
 from dimmer.tomlfile import read_toml as read_toml_file
 from gridsim.scenario import LoadedScenario, apply_overrides, check_references, parse_override, validate_scenario
 from gridsim.sweep.plan import CONTROLLER_KEY, Scalar
@@ -30,7 +30,7 @@ class SweepSpec(Strict):
     """The sweep file. `grid` is checked by hand (its keys are scenario key paths, quoted in the messages)."""
 
     scenario: str = Field(min_length=1)  # path to the scenario file, relative to the sweep file
-    name: str | None = Field(default=None, min_length=1)  # default: the sweep file's stem
+    name: PathName | None = None  # default: the sweep file's stem; names the output directory out/<name>-sweep
     set: list[str] = []  # fixed overrides, KEY=VALUE as for --set
     grid: dict[str, Any]
 
