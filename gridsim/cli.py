@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dimmer.errors import InputError
+from dimmer.errors import DimmerError, InputError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -18,6 +18,13 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def out_dir_arg(text: str) -> Path:
+    """`--out`: a path; an empty one would write into the working directory unasked."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an output directory path, not an empty string")
+    return Path(text)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gridsim", description="Simulate an AI training campus's power system under a controller.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -25,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run one scenario and write summary.json, time series, a figure and a report")
     run.add_argument("scenario", type=Path)
     run.add_argument("--controller", help="controller name (default: the scenario's)")
-    run.add_argument("--out", type=Path, help="output directory (default: out/<scenario>-<controller>)")
+    run.add_argument("--out", type=out_dir_arg, help="output directory (default: out/<scenario>-<controller>)")
     run.add_argument("--seed", type=int, help="random seed (default: the scenario's)")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="override a scenario key, e.g. --set duration_s=600 --set jobs[0].gpus=4096")  # fmt: skip
@@ -34,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     cmp = sub.add_parser("compare", help="run every controller on one scenario and seed; write compare.json, "
                          "compare.csv, compare.png and compare.md")  # fmt: skip
     cmp.add_argument("scenario", type=Path)
-    cmp.add_argument("--out", type=Path, help="output directory (default: out/<scenario>-compare)")
+    cmp.add_argument("--out", type=out_dir_arg, help="output directory (default: out/<scenario>-compare)")
     cmp.add_argument("--controllers", metavar="A,B,...", help="controllers to run, in this order (default: all)")
     cmp.add_argument("--seed", type=int, help="random seed, the same for every controller (default: the scenario's)")
     cmp.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -44,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     swp = sub.add_parser("sweep", help="run one scenario over a grid of overrides (all cores, or a Dask cluster); "
                          "write results.csv/.parquet, a figure per metric and sweep.md")  # fmt: skip
     swp.add_argument("sweep", type=Path, help="the sweep file (TOML): scenario, set, [grid]")
-    swp.add_argument("--out", type=Path, help="output directory (default: out/<sweep>-sweep); a re-run resumes")
+    swp.add_argument("--out", type=out_dir_arg, help="output directory (default: out/<sweep>-sweep); a re-run resumes")
     swp.add_argument("--dask", metavar="ADDRESS", help="submit the runs to the dask.distributed scheduler at ADDRESS")
     swp.add_argument("--workers", type=int, help="local worker processes (default: every core)")
     swp.add_argument("--quiet", action="store_true", help="print nothing but errors")
@@ -90,16 +97,22 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from dimmer.control import controller_names
+    from dimmer.outpath import check_out_dir
     from gridsim.engine import run
     from gridsim.metrics import summarize
     from gridsim.output import write_run
     from gridsim.scenario import load_scenario
 
+    # everything is checked before anything runs: the scenario, the controller and where the results go
     if args.seed is not None and args.seed < 0:
         raise InputError("--seed", "seed", "a non-negative integer")
     loaded = load_scenario(args.scenario, args.overrides)
+    if args.controller is not None and args.controller not in controller_names():
+        raise InputError("--controller", repr(args.controller), f"one of {', '.join(controller_names())}")
     name = args.controller or loaded.scenario.controller.name
     out = args.out or Path("out") / f"{loaded.scenario.name}-{name}"
+    check_out_dir(out)
     res = run(loaded, controller=args.controller, seed=args.seed, progress=None if args.quiet else _progress)
     summary = summarize(res)
     written = write_run(res, out, description=loaded.scenario.description)
@@ -119,9 +132,9 @@ def _compare_progress(name: str, index: int, count: int, frac: float) -> None:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
+    from dimmer.outpath import check_out_dir
     from gridsim.compare import (
         FILES,
-        check_out_dir,
         compare,
         compare_table,
         parse_controllers,
@@ -155,7 +168,7 @@ def _sweep_progress(done: int, total: int) -> None:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from gridsim.compare import check_out_dir
+    from dimmer.outpath import check_out_dir
     from gridsim.sweep import (
         FIGURE_METRICS,
         answers,
@@ -246,6 +259,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InputError as exc:
         sys.stderr.write(f"gridsim: {exc}\n")
         return 2
+    except DimmerError as exc:  # one line, e.g. an output that could not be written (dimmer.outpath.OutputError)
+        sys.stderr.write(f"gridsim: {exc}\n")
+        return 1
     except KeyboardInterrupt:
         sys.stderr.write("gridsim: interrupted\n")
         return 1

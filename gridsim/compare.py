@@ -18,8 +18,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ import numpy.typing as npt
 
 from dimmer.control import controller_names, make_controller
 from dimmer.errors import InputError
+from dimmer.outpath import staging, writing
 from gridsim.engine import SimResult, run
 from gridsim.metrics import SUMMARY_KEYS, summarize
 from gridsim.scenario import LoadedScenario
@@ -83,13 +84,6 @@ def parse_controllers(text: str | None) -> list[str]:
             raise InputError("--controllers", repr(name), "each controller named once")
         seen.add(name)
     return names
-
-
-def check_out_dir(out_dir: Path) -> None:
-    """The output directory must be creatable: neither it nor a parent may be an existing file."""
-    for p in (out_dir, *out_dir.parents):
-        if p.exists() and not p.is_dir():
-            raise InputError("--out", str(out_dir), f"a directory ({p} is a file)")
 
 
 def check_controllers(loaded: LoadedScenario, controllers: Sequence[str]) -> None:
@@ -389,10 +383,8 @@ def write_compare(results: Sequence[SimResult], out_dir: Path) -> list[Path]:
     if not results:
         raise ValueError("no results to write")
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     rows = summaries(results)
-    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}.") as tmp:
-        stage = Path(tmp)
+    with writing(out_dir), staging(out_dir.parent, Path(os.path.abspath(out_dir)).name) as stage:
         (stage / "compare.json").write_text(json.dumps(rows, indent=2) + "\n")
         (stage / "compare.csv").write_text(compare_csv(rows))
         compare_png(results, stage / "compare.png")

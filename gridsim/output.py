@@ -1,5 +1,8 @@
 """Writes a run's results to a directory, all or nothing: files are written beside it and moved in at the end.
 
+The staging directory is `.<out name>.staging-<pid>-<random>` beside the output directory (dimmer.outpath); one a
+killed run left is removed by the next write there. A write that fails (a full disk) is one OutputError line.
+
 summary.json     the metrics contract (docs/models.md, "Metrics")
 timeseries.csv   every campus-level series at every tick
 jobs.csv         per-job cap, floor, speed and state at every control period
@@ -10,12 +13,13 @@ report.md        the scenario, a verdict, the metrics with units, and the figure
 from __future__ import annotations
 
 import json
+import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import pandas as pd
 
+from dimmer.outpath import staging, writing
 from gridsim.engine import SimResult
 from gridsim.report import report_md, write_figures
 
@@ -30,9 +34,7 @@ def write_run(res: SimResult, out_dir: Path, description: str | None = None) -> 
     if not res.summary:
         raise ValueError("summarize the result before writing it (gridsim.metrics.summarize)")
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}.") as tmp:
-        stage = Path(tmp)
+    with writing(out_dir), staging(out_dir.parent, Path(os.path.abspath(out_dir)).name) as stage:
         (stage / "summary.json").write_text(json.dumps(res.summary, indent=2) + "\n")
         res.to_pandas().to_csv(stage / "timeseries.csv", index=False, float_format="%.6g")
         jobs = pd.DataFrame({"t_s": res.period_t_s})

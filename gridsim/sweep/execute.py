@@ -16,6 +16,7 @@ from typing import Any
 
 from dimmer.atomicfile import write_atomic
 from dimmer.errors import InputError
+from dimmer.outpath import writing
 from gridsim.metrics import SUMMARY_KEYS
 from gridsim.scenario import LoadedScenario, validate_scenario
 from gridsim.sweep.plan import SweepOutcome, SweepPlan, SweepPoint, SweepProgress
@@ -51,8 +52,9 @@ def _save(plan: SweepPlan, point: SweepPoint, summary: dict[str, Any], out_dir: 
         "grid": point.values,
         "controller": point.controller,
     }
-    write_atomic(run_dir / "point.json", json.dumps(meta, indent=2) + "\n")
-    write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")  # last: it marks the run done
+    with writing(run_dir):  # a full disk ends the sweep with one line; the runs saved so far are kept for a resume
+        write_atomic(run_dir / "point.json", json.dumps(meta, indent=2) + "\n")
+        write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")  # last: it marks the run done
 
 
 def _dask_client(address: str, timeout_s: float = 10.0) -> Any:

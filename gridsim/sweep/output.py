@@ -5,11 +5,11 @@ or nothing.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from dimmer.outpath import staging, writing
 from gridsim.sweep.figures import FIGURE_METRICS, METRIC_LABEL, ZERO
 from gridsim.sweep.plan import SweepOutcome, SweepPlan, _fmt_value, _is_number
 from gridsim.sweep.results import answers, holds_limits, parquet_available, result_rows, results_csv, results_parquet
@@ -86,12 +86,11 @@ def write_outputs(plan: SweepPlan, outcome: SweepOutcome, out_dir: Path, draw: D
     if missing:
         raise ValueError(f"{len(missing)} runs have no summary")
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     rows = result_rows(plan, outcome.summaries)
     figures = [f"figures/{m}.png" for m in FIGURE_METRICS]
     names = ["results.csv", *(["results.parquet"] if parquet_available() else []), *figures, "sweep.md"]
-    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".stage.") as tmp:
-        stage = Path(tmp)
+    # staged inside out_dir (runs/ is there already), `.sweep.staging-<pid>-*`: a killed run's is removed next time
+    with writing(out_dir), staging(out_dir, "sweep") as stage:
         (stage / "figures").mkdir()
         (stage / "results.csv").write_text(results_csv(plan, rows))
         if parquet_available():
