@@ -24,6 +24,7 @@ from typing import Any
 
 from dimmer import __version__
 from dimmer.errors import DimmerError, InputError, ListenError
+from dimmer.outpath import check_out_dir, out_dir_arg, writing
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SCENARIO = REPO / "scenarios" / "swing-8k.toml"
@@ -59,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--speed", type=float, help=f"--sim: plant seconds per wall second (default {DEFAULT_SIM_SPEED:g})"
     )
-    run.add_argument("--out", type=Path, help="--sim: output directory (default out/<scenario>-daemon)")
+    run.add_argument("--out", type=out_dir_arg, help="--sim: output directory (default out/<scenario>-daemon)")
     run.add_argument("--controller", help="--sim: controller name (default dimmer)")
     run.add_argument("--seed", type=int, help="--sim: random seed (default: the scenario's)")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -102,9 +103,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from dimmer.daemon.config import describe, load_config, safe_cap_load_warnings
+    from dimmer.daemon.config import check_files, describe, load_config, safe_cap_load_warnings
 
     loaded = load_config(args.config)
+    check_files(loaded)  # the audit log and state file as `run` will open them
     print(describe(loaded))
     for w in safe_cap_load_warnings(loaded):
         print(f"warning: {w}")
@@ -115,11 +117,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_run_config(args: argparse.Namespace) -> int:
+    from dimmer.daemon.config import check_files, load_config
     from dimmer.daemon.loop import run_daemon
 
     for opt in ("speed", "out", "controller", "seed", "metrics"):
         if getattr(args, opt) is not None:
             raise InputError("--" + opt, opt, "only with --sim")
+    check_files(load_config(args.config))  # one line, exit 2, before any device is touched (the daemon loads it again)
     asyncio.run(run_daemon(args.config, dry_run=args.dry_run))
     return 0
 
@@ -275,9 +279,11 @@ async def run_sim(
         raise InputError("--speed", "speed", "a positive number")
     loaded = load_scenario(scenario_path, overrides)  # bad input is reported here, before anything starts
     out = out_dir or Path("out") / f"{loaded.scenario.name}-daemon"
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in ("audit.jsonl", "state.json", "summary.json"):  # a new run starts fresh
-        (out / stale).unlink(missing_ok=True)
+    check_out_dir(out)  # before the plant starts: an unusable one was found only when the first file was opened
+    with writing(out):
+        out.mkdir(parents=True, exist_ok=True)
+        for stale in ("audit.jsonl", "state.json", "summary.json"):  # a new run starts fresh
+            (out / stale).unlink(missing_ok=True)
     proc, device_map = await start_plant_server(scenario_path, overrides, speed=speed, out_dir=out, seed=seed)
     daemon: Daemon | None = None
     try:
@@ -311,7 +317,8 @@ async def run_sim(
         "daemon_speed_x": speed,
         "plant_exit_status": proc.returncode,
     }
-    (out / "daemon.json").write_text(json.dumps(stats, indent=2) + "\n")
+    with writing(out / "daemon.json"):
+        (out / "daemon.json").write_text(json.dumps(stats, indent=2) + "\n")
     return {**summary, **stats}
 
 
@@ -391,6 +398,7 @@ def _cmd_agent(args: argparse.Namespace) -> int:
 
     from dimmer.daemon.agent import AllowList, CapAgent
     from dimmer.daemon.nvml import GpuBackend, NvmlGpus, SimulatedGpus
+    from dimmer.siteconfig import MAX_GPUS_PER_RACK
 
     if not 1 <= args.unit <= 247:
         raise InputError("--unit", "unit", "a Modbus unit id in 1..247")
@@ -409,8 +417,12 @@ def _cmd_agent(args: argparse.Namespace) -> int:
         raise InputError("--allow", "allow", str(exc)) from None
     if not allow.networks:
         raise InputError("--no-loopback", "allow", "at least one --allow address too (else no client may connect)")
-    if args.sim_gpus is not None and (args.sim_gpus < 1 or args.gpu_index):
-        raise InputError("--sim-gpus", "sim_gpus", "at least 1 GPU, and no --gpu-index (that is for NVML)")
+    if args.sim_gpus is not None and (not 1 <= args.sim_gpus <= MAX_GPUS_PER_RACK or args.gpu_index):
+        raise InputError(
+            "--sim-gpus",
+            "sim_gpus",
+            f"1 to {MAX_GPUS_PER_RACK} GPUs (an agent serves one rack), and no --gpu-index (that is for NVML)",
+        )
     if args.gpu_index and (min(args.gpu_index) < 0 or len(set(args.gpu_index)) != len(args.gpu_index)):
         raise InputError("--gpu-index", "gpu_index", f"distinct GPU indices >= 0 (got {args.gpu_index})")
     gpus: GpuBackend = SimulatedGpus(args.sim_gpus) if args.sim_gpus else NvmlGpus(args.gpu_index)

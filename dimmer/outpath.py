@@ -1,5 +1,6 @@
 """Output paths: checked before anything runs, written through a staging directory, write errors in one line.
 
+    out_dir_arg(text)           argparse type of an --out option: a path, not an empty string
     check_out_dir(path)         an output directory that can be made and written, or InputError (exit status 2)
     check_out_file(path, ...)   a file (audit log, state file) that can be created or appended to, or InputError
     staging(where, label)       a fresh staging directory, `.<label>.staging-<pid>-<random>`, removed on exit;
@@ -13,6 +14,7 @@ check_out_dir also makes and removes a directory there, which catches what os.ac
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import shutil
@@ -38,6 +40,13 @@ class OutputError(DimmerError):
 
     def __reduce__(self) -> tuple[type[OutputError], tuple[str, str]]:
         return (type(self), (self.path, self.reason))
+
+
+def out_dir_arg(text: str) -> Path:
+    """argparse `type` of an `--out` option: an empty path would write into the working directory unasked."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an output directory path, not an empty string")
+    return Path(text)
 
 
 def _nearest_existing(path: Path, source: str, key: str) -> Path:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dimmer.errors import DimmerError, InputError
+from dimmer.outpath import out_dir_arg
 
 
 class _Parser(argparse.ArgumentParser):
@@ -16,13 +17,6 @@ class _Parser(argparse.ArgumentParser):
         # argparse prints usage and exits 2; keep the status, make the message one line.
         sys.stderr.write(f"gridsim: {message}\n")
         raise SystemExit(2)
-
-
-def out_dir_arg(text: str) -> Path:
-    """`--out`: a path; an empty one would write into the working directory unasked."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("an output directory path, not an empty string")
-    return Path(text)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -331,3 +331,100 @@ def test_a_sweep_name_that_leaves_out_is_refused(tmp_path: Path, capsys: pytest.
     before = {p.name for p in tmp_path.iterdir()}
     _refused(["sweep", str(sweep), "--quiet"], capsys, f"{sweep}: name: ", "without / or")
     _nothing_written(tmp_path, before)
+
+
+# -- item 7: the other commands' outputs; `dimmer check` opens what `dimmer run` opens --------------------------
+
+
+def test_serve_and_run_sim_refuse_an_unusable_out_before_serving(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dimmer.cli import main as dimmer_main
+
+    sc = _scenario(tmp_path, MINIMAL)
+    afile = tmp_path / "afile"
+    afile.write_text("keep me\n")
+    before = {p.name for p in tmp_path.iterdir()}
+    _refused(["serve", str(sc), "--port", "0", "--out", str(afile)], capsys, f"--out: {afile}: a directory")
+    _refused(["serve", str(sc), "--port", "0", "--out", ""], capsys, "not an empty string")
+    assert dimmer_main(["run", "--sim", str(sc), "--out", str(afile / "sub"), "--quiet"]) == 2
+    assert f"dimmer: --out: {afile / 'sub'}: a path below directories only" in _one_line(capsys)
+    assert afile.read_text() == "keep me\n"
+    _nothing_written(tmp_path, before)
+
+
+def test_agent_sim_gpus_is_bounded_by_a_rack(capsys: pytest.CaptureFixture[str]) -> None:
+    from dimmer.cli import main as dimmer_main
+    from dimmer.siteconfig import MAX_GPUS_PER_RACK
+
+    for n in (0, MAX_GPUS_PER_RACK + 1, 1_000_000_000):
+        assert dimmer_main(["agent", "--sim-gpus", str(n), "--port", "0"]) == 2
+        assert f"--sim-gpus: sim_gpus: 1 to {MAX_GPUS_PER_RACK} GPUs" in _one_line(capsys)
+
+
+def _site_config(tmp_path: Path, daemon: dict[str, str]) -> Path:
+    from tests.test_daemon_config import _write, small_site
+
+    raw = small_site()
+    raw["daemon"] = {"metrics_address": "", **daemon}
+    return _write(tmp_path, raw)
+
+
+@pytest.mark.parametrize("key", ["audit_log", "state_file"])
+def test_check_and_run_refuse_an_audit_log_or_state_file_the_daemon_cannot_open(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], key: str
+) -> None:
+    from dimmer.cli import main as dimmer_main
+
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("keep me\n")
+    for value, expected in (("adir", "a file, not a directory"), ("afile/x.json", "is a file")):
+        cfg = _site_config(tmp_path, {key: value})
+        before = sorted(p.name for p in tmp_path.rglob("*"))
+        assert dimmer_main(["check", str(cfg)]) == 2
+        line = _one_line(capsys)
+        assert line.startswith(f"dimmer: {cfg}: daemon.{key}: ") and expected in line, line
+        # `run` refuses it with the same line, before it touches a device
+        assert dimmer_main(["run", "--config", str(cfg), "--dry-run"]) == 2
+        assert _one_line(capsys) == line
+        assert sorted(p.name for p in tmp_path.rglob("*")) == before
+    assert (tmp_path / "afile").read_text() == "keep me\n"
+
+
+def test_check_accepts_files_in_a_directory_the_daemon_will_make(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dimmer.cli import main as dimmer_main
+
+    cfg = _site_config(tmp_path, {"audit_log": "logs/new/audit.jsonl", "state_file": "state.json"})
+    assert dimmer_main(["check", str(cfg)]) == 0
+    assert ": ok — " in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["site.toml"]  # checking creates nothing
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes into a read-only directory")
+def test_check_refuses_an_audit_log_in_a_read_only_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dimmer.cli import main as dimmer_main
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    cfg = _site_config(tmp_path, {"audit_log": "ro/audit.jsonl"})
+    ro.chmod(0o500)
+    try:
+        assert dimmer_main(["check", str(cfg)]) == 2
+        assert "daemon.audit_log: " in _one_line(capsys)
+    finally:
+        ro.chmod(0o700)
+
+
+def test_a_device_name_with_control_characters_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dimmer.cli import main as dimmer_main
+
+    cfg = _site_config(tmp_path, {})
+    # "\n" inside a TOML basic string is a line break in the value: a name that would forge a log or metrics line
+    cfg.write_text(cfg.read_text().replace('kind = "meter"', 'kind = "meter"\nname = "pcc\\nforged"', 1))
+    assert dimmer_main(["check", str(cfg)]) == 2
+    line = _one_line(capsys)
+    assert line.startswith(f"dimmer: {cfg}: devices[0].name: ") and "control characters" in line, line

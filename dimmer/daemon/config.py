@@ -14,7 +14,12 @@ more than one key run at load too: racks inside the site and covered exactly onc
 rack), a safe cap the GPU can hold and at which no breaker is overdrawn with every GPU at it, limits under the
 breakers and the interconnect limit, leases and reversion times of at least a period, a controller that accepts its
 params. A safe cap that would put the interconnect or a [[limits]] entry over is a warning (`dimmer check`, and
-the daemon's log at start and reload). Loading touches no device.
+the daemon's log at start and reload). Loading touches no device and no file but the config.
+
+`check_files` (`dimmer check`, and `dimmer run --config` before it starts) asks, creating nothing, whether the audit
+log and the state file can be opened where they are, as the daemon will open them: not a directory, not below a
+file, in a directory this user can write. It is apart from loading because a config is also loaded where it will
+not run (a test, a review), and the example's /var/log/dimmer exists only where systemd made it.
 """
 
 from __future__ import annotations
@@ -30,8 +35,9 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from dimmer.daemon.registers import RACK_MAX
 from dimmer.errors import InputError, from_validation_error
+from dimmer.outpath import check_out_file
 from dimmer.site import SiteModel, build_site
-from dimmer.siteconfig import JobPlacementSpec, SiteSpec, Strict
+from dimmer.siteconfig import JobPlacementSpec, Name, SiteSpec, Strict
 from dimmer.tomlfile import read_toml as read_toml_file
 
 DeviceKind = Literal["meter", "battery", "site", "racks"]
@@ -50,7 +56,7 @@ class DeviceSpec(Strict):
     """One Modbus TCP device: a meter, the campus battery, a block of rack cap devices or the site aggregator."""
 
     kind: DeviceKind
-    name: str | None = Field(default=None, min_length=1)  # default: "<kind><index>" (metric and log label)
+    name: Name | None = None  # default: "<kind><index>" (metric and log label)
     host: str = Field(min_length=1)
     port: int = Field(default=502, ge=1, le=65535)  # 502 is the IANA Modbus/TCP port
     unit: int = Field(default=1, ge=1, le=247)  # Modbus unit id (0 is broadcast, 248-255 reserved)
@@ -222,6 +228,14 @@ def validate_config(raw: Mapping[str, Any], source: str, base_dir: Path) -> Load
     params = controller_params(cfg)
     _check_controller(cfg, site, params, source)
     return LoadedConfig(cfg, source, base_dir, site, names, limit_w, params)
+
+
+def check_files(loaded: LoadedConfig) -> None:
+    """InputError (file, key, what was expected) for an audit log or state file the daemon could not open: the audit
+    log is opened for append (its parents made), the state file replaced atomically (a temporary file beside it)."""
+    for key, path in (("daemon.audit_log", loaded.audit_path), ("daemon.state_file", loaded.state_path)):
+        if path is not None:
+            check_out_file(path, loaded.source, key)
 
 
 def controller_params(cfg: DaemonConfig) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from dimmer.daemon.netguard import IDLE_TIMEOUT_S, MAX_CONNECTIONS, ConnectionLimits
 from dimmer.errors import InputError
+from dimmer.outpath import check_out_dir, out_dir_arg
 from gridsim.serve.plant import PlantServer
 
 
@@ -21,7 +22,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     p.add_argument("--port", type=int, default=5020, help="TCP port (0: a free one; default 5020)")
     p.add_argument("--speed", type=float, default=1.0, help="plant seconds per wall second (default 1)")
-    p.add_argument("--out", type=Path, help="output directory (default: out/<scenario>-served)")
+    p.add_argument("--out", type=out_dir_arg, help="output directory (default: out/<scenario>-served)")
     p.add_argument("--seed", type=int, help="random seed (default: the scenario's)")
     p.add_argument("--hold-until-first-write", action="store_true",
                    help="stop the plant at its first control point until a client writes (a served run then starts "
@@ -46,6 +47,7 @@ def run_serve(args: argparse.Namespace) -> int:
     limits = _limits(args)
     loaded = load_scenario(args.scenario, args.overrides)
     out = args.out or Path("out") / f"{loaded.scenario.name}-served"
+    check_out_dir(out)  # before serving: an unusable one lost every output after the whole served run
     server = PlantServer(
         loaded,
         host=args.host,
