@@ -5,6 +5,8 @@ DimmerError
       │                str() is one line: "<source>: <key path>: <what was expected>".
       └── ListenError  a listener that cannot listen (port in use, no such host, a port that needs root):
                        "cannot listen on <host>:<port>: <reason>", exit status 2 like any bad address given.
+ └── OutputError       (dimmer.outpath) an output that could not be written though its path was checked (a full
+                       disk): "<path>: cannot write: <reason>", exit status 1.
 """
 
 from __future__ import annotations
