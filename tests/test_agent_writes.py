@@ -96,14 +96,17 @@ def test_values_out_of_range_get_exception_3_and_change_nothing() -> None:
             assert gpus.history == [], label  # no GPU limit set
             assert agent.last_write_s is None and agent.lease_state == R.LEASE_NONE, label  # no lease
             assert agent.server.writes[-1].refused == 3 and agent.server.writes[-1].client == LOOPBACK
-        # half a float: the high word of a NaN over the cap's low word is vetted as the value it makes
-        assert await refused(bus, agent.unit, R.rack_cmd_address(0), [0x7FC0]) == 3
+        # half a float (only its high word): refused whole, as every device map refuses a value written in part,
+        # with exception 2 (the address and count do not fit the data), whatever value it would have made
+        assert await refused(bus, agent.unit, R.rack_cmd_address(0), [0x7FC0]) == 2
+        assert await refused(bus, agent.unit, R.rack_cmd_address(0) + 1, [0x0000]) == 2  # its low word alone
+        assert await refused(bus, agent.unit, LEASE_AT, [0x4000]) == 2  # a 2 s lease's high word
         assert np.array_equal(agent.image, before) and gpus.history == []
         # the in-range values the daemon writes are accepted: +inf BBU threshold (backup only), a cap of 0 W
         await bus.write(agent.unit, LEASE_AT, words(cap=0.0, threshold=math.inf, lease=86_400.0))
         assert np.allclose(gpus.limits_w, 200.0)  # 0 W is in the map's range; the GPUs' minimum is applied
         assert agent.lease_state == R.LEASE_HELD and agent.lease_s() == pytest.approx(10.0)
-        n = len(BAD_VALUES) + 2
+        n = len(BAD_VALUES) + 4
         assert agent.server.n_writes == n and agent.server.n_writes_refused == n - 1
 
     asyncio.run(with_agent(gpus, body))

@@ -745,7 +745,7 @@ def test_hold_until_first_write_freezes_the_plant_then_runs_like_in_process(tmp_
             rack = RackDevice(bus, FIRST_RACK_UNIT, 0, site.n_racks)
             r = await rack.read()
             assert r.ok and r.values["update_count"] == 1.0 and np.all(np.isfinite(r.array("power_w")))
-            await rack.write(800.0, 0.0, np.inf, recharge_w, 1e6)
+            await rack.write(800.0, 0.0, np.inf, recharge_w, 86_400.0)  # the longest lease the map allows
             await SunSpecBattery(bus, BATTERY_UNIT).write_setpoint(0.0, 1e6)
             assert await srv.wait(10.0)
             await bus.close()

@@ -71,6 +71,7 @@ class Target:
     marker: bytes
     map_words: int  # registers served from marker_address on
     cycle: Callable[[], int]
+    rack_unit: int = 10  # its dimmer-rack-v1 device (the plant's first rack device; the agent's own unit)
 
 
 # -- the servers ------------------------------------------------------------------------------------------------
@@ -98,7 +99,7 @@ def agent() -> Iterator[Target]:
     port = lt.run(ag.start(HOST, 0))
     task = lt.run(_spawn(ag.run()))
     try:
-        yield Target("agent", port, ag.unit, 0, b"DMRK", RACK_IMAGE_SIZE, lambda: ag.update_count)
+        yield Target("agent", port, ag.unit, 0, b"DMRK", RACK_IMAGE_SIZE, lambda: ag.update_count, ag.unit)
         assert not task.done(), "the agent's run loop ended"
     finally:
         ag.request_stop()
@@ -496,3 +497,53 @@ def test_a_silent_connection_is_closed_after_the_idle_timeout_and_a_talking_one_
     finally:
         silent.close()
         talking.close()
+
+
+# -- one vetting path for every device map (issue 12, item 13) ----------------------------------------------------
+
+LEASE, CAP0 = 12, 16  # dimmer-rack-v1: lease_s (float32 at 12), rack 0's cap_w (float32 at 16)
+
+
+def f32(x: float) -> tuple[int, int]:
+    hi, lo = struct.unpack(">HH", struct.pack(">f", x))
+    return hi, lo
+
+
+@pytest.mark.parametrize(
+    ("address", "words", "code"),
+    [
+        pytest.param(LEASE, f32(1e30), ILLEGAL_DATA_VALUE, id="lease-1e30"),  # declared 0..86400: the plant took it
+        pytest.param(LEASE, f32(86_401.0), ILLEGAL_DATA_VALUE, id="lease-above-86400"),
+        pytest.param(LEASE, f32(0.0), ILLEGAL_DATA_VALUE, id="lease-0"),
+        pytest.param(LEASE, f32(float("inf")), ILLEGAL_DATA_VALUE, id="lease-inf"),
+        pytest.param(LEASE, f32(2.0)[:1], ILLEGAL_DATA_ADDRESS, id="lease-high-word-only"),  # the plant took it
+        pytest.param(LEASE + 1, f32(2.0)[1:], ILLEGAL_DATA_ADDRESS, id="lease-low-word-only"),
+        pytest.param(CAP0, f32(float("nan")), ILLEGAL_DATA_VALUE, id="cap-nan"),
+        pytest.param(CAP0, f32(1e30), ILLEGAL_DATA_VALUE, id="cap-1e30"),
+        pytest.param(CAP0, f32(-1.0), ILLEGAL_DATA_VALUE, id="cap-negative"),
+        pytest.param(CAP0, f32(float("inf")), ILLEGAL_DATA_VALUE, id="cap-inf"),
+        pytest.param(CAP0 + 1, (0, *f32(0.0)), ILLEGAL_DATA_ADDRESS, id="cap-straddling-two-values"),
+        pytest.param(CAP0 + 4, f32(float("nan")), ILLEGAL_DATA_VALUE, id="bbu-threshold-nan"),
+        pytest.param(CAP0 + 6, f32(float("inf")), ILLEGAL_DATA_VALUE, id="bbu-recharge-inf"),
+    ],
+)
+def test_a_rack_device_refuses_the_same_writes_with_the_same_code_on_every_server(
+    target: Target, address: int, words: tuple[int, ...], code: int
+) -> None:
+    with open_to(target) as s:
+        s.sendall(mbap(60, target.rack_unit, read_pdu(LEASE, 12)))  # lease_s, heartbeat, rack 0's commands
+        before = response(s, 60, target.rack_unit)
+        pdu = struct.pack(">BHHB", 16, address, len(words), 2 * len(words)) + struct.pack(f">{len(words)}H", *words)
+        s.sendall(mbap(61, target.rack_unit, pdu))
+        assert response(s, 61, target.rack_unit) == bytes([0x90, code])
+        s.sendall(mbap(62, target.rack_unit, struct.pack(">BHH", 6, address, words[0])))  # one register: in part
+        assert response(s, 62, target.rack_unit) == bytes([0x86, ILLEGAL_DATA_ADDRESS])
+        s.sendall(mbap(63, target.rack_unit, read_pdu(LEASE, 12)))
+        after = response(s, 63, target.rack_unit)
+    assert after[2:6] == before[2:6] and after[10:] == before[10:]  # nothing applied: the lease, the commands
+
+
+def test_in_range_values_written_whole_are_accepted_on_every_server(target: Target) -> None:
+    words = (*f32(86_400.0), 0, 1, *f32(900.0), *f32(0.0), *f32(float("inf")), *f32(1000.0))
+    pdu = struct.pack(">BHHB", 16, LEASE, len(words), 2 * len(words)) + struct.pack(f">{len(words)}H", *words)
+    assert exchange_with(target, mbap(70, target.rack_unit, pdu), 70, target.rack_unit) == pdu[:5]

@@ -172,3 +172,32 @@ def test_docs_tables_match_the_code() -> None:
     text = DOC.read_text()
     begin, end = "<!-- tables:begin -->\n", "<!-- tables:end -->"
     assert text[text.index(begin) + len(begin) : text.index(end)] == R.registers_markdown()
+
+
+def test_write_error_is_one_vetting_path_for_every_map() -> None:
+    """Issue 12, item 13: the project's rack map and a SunSpec model vetted by the same function."""
+    rack = R.rack_block(2)
+    img = np.zeros(rack.length, dtype=np.uint16)
+    img[12:14] = R.encode_float32(10.0)
+    for i in range(2):
+        img[R.rack_cmd_address(i) : R.rack_cmd_address(i + 1)] = R.encode_float32([800.0, 0.0, math.inf, 0.0])
+    assert R.rack_write_error(img, 12, 4, 2) is None and R.rack_write_error(img, 16, 16, 2) is None
+    for at, value, code in ((12, 1e30, 3), (12, 0.0, 3), (16, math.nan, 3), (26, -1.0, 3), (20, math.inf, None)):
+        cand = img.copy()
+        cand[at : at + 2] = R.encode_float32(value)
+        got = R.rack_write_error(cand, at, 2, 2)
+        assert (got and got[0]) == code, (at, value, got)
+    assert R.rack_write_error(img, 13, 1, 2) == (2, "lease_s is 2 registers at 12: written in part")
+    assert R.rack_write_error(img, 17, 2, 2) is not None  # across the end of one value and into the next
+    # a SunSpec model: enums among their symbols, scaled int32 points whole, "not implemented" left to the model
+    m704 = R.MODEL_704
+    words = np.asarray(R.encode_block(m704, {"WSet_SF": 0, "WSetMod": R.WSET_MOD_WATTS}), dtype=np.uint16)
+    wset, mod = m704.field("WSet"), m704.field("WSetMod")
+    half = R.write_error(m704, wset.offset, 1, words, na_ok=True)
+    assert half is not None and half[0] == R.ILLEGAL_ADDRESS
+    assert R.write_error(m704, wset.offset, 2, words, na_ok=True) is None  # not implemented: the model's call
+    refused = R.write_error(m704, wset.offset, 2, words)
+    assert refused is not None and refused[0] == R.ILLEGAL_VALUE and refused[1].startswith("WSet nan")
+    bad = words.copy()
+    bad[mod.offset] = 7
+    assert R.write_error(m704, mod.offset, 1, bad, na_ok=True) == (R.ILLEGAL_VALUE, "WSetMod 7: not one of its symbols")

@@ -9,11 +9,13 @@ the safe cap on its own. At exit it puts every GPU back to its *default* limit (
 whatever limit it found at start: a limit left by an earlier run that died is not made permanent).
 
 What it accepts (`RegisterServer`, `dimmer.daemon.agent_server`): connections from its allow-list only (default
-loopback); writes to the header's `lease_s` / `heartbeat` and to the command record of its one rack only
-(anything else, a rack index >= 1 included: exception 2); values within the map's declared ranges only (a NaN,
-infinite, negative or too large cap, floor or recharge, a NaN BBU threshold, a `lease_s` that is not a positive
-number of seconds up to 86400: exception 3). A write the GPUs refuse is exception 4. A refused write changes
-nothing: neither the registers, nor the GPUs, nor the lease. Every write is logged and counted by client address.
+loopback); writes to the header's `lease_s` / `heartbeat` and to the command record of its one rack only (anything
+else, a rack index >= 1 included, or a value of two registers written in part: exception 2); values within the map's
+declared ranges only (a NaN, infinite, negative or too large cap, floor or recharge, a NaN BBU threshold, a
+`lease_s` that is not a positive number of seconds up to 86400: exception 3) — the one vetting path of the map,
+`registers.rack_write_error`, that the served plant's rack devices answer by too. A write the GPUs refuse is
+exception 4. A refused write changes nothing: neither the registers, nor the GPUs, nor the lease. Every write is
+logged and counted by client address.
 
 Power floors (GPU power smoothing) and BBU fields are vetted, stored and otherwise ignored: NVML's power-smoothing
 profiles are not driven here; the status reports a floor of 0 and no BBU (NaN).
@@ -47,7 +49,6 @@ from dimmer.daemon.registers import (
     LEASE_EXPIRED,
     LEASE_HELD,
     LEASE_NONE,
-    RACK_CMD_BASE,
     RACK_CMD_STRIDE,
     RACK_COMMAND,
     RACK_HEADER,
@@ -64,6 +65,7 @@ from dimmer.daemon.registers import (
     rack_cmd_address,
     rack_status_address,
     rack_writable_spans,
+    rack_write_error,
 )
 
 __all__ = [
@@ -87,7 +89,6 @@ RACK_IMAGE_SIZE = RACK_STATUS_BASE + RACK_STATUS_STRIDE * RACK_MAX  # every regi
 LEASE_FIELD = RACK_HEADER.field("lease_s")
 LEASE_MAX_S = LEASE_FIELD.hi  # 86400: the map's declared range of lease_s
 CAP_FIELD = next(f for f in RACK_COMMAND if f.name == "cap_w")
-ILLEGAL_VALUE = 3
 
 
 def rack_image(first_rack: int, n_racks: int, safe_cap_w: float, lease_s: float) -> npt.NDArray[np.uint16]:
@@ -115,41 +116,8 @@ def rack_writable(n_racks: int = RACK_MAX) -> list[tuple[int, int]]:
     return rack_writable_spans(n_racks)
 
 
-def _touched(at: npt.NDArray[np.int64], size: int, address: int, count: int) -> npt.NDArray[np.bool_]:
-    """Which of the fields of `size` registers at `at` a write of `count` registers at `address` overlaps."""
-    out: npt.NDArray[np.bool_] = (at < address + count) & (address < at + size)
-    return out
-
-
 def _hits(at: int, size: int, address: int, count: int) -> bool:
     return at < address + count and address < at + size
-
-
-def rack_write_error(cand: npt.NDArray[np.uint16], address: int, count: int, n_racks: int) -> str | None:
-    """Why a write of `count` registers at `address` that leaves the image `cand` may not be stored, or None.
-
-    Only the values the write touches are vetted (a field never written stays NaN without harm): each command
-    field of racks 0..n-1 within its declared range, not NaN, infinite only where the range is unbounded (the BBU
-    threshold's +inf: backup only); `lease_s` a positive number of seconds up to 86400.
-    """
-    f = LEASE_FIELD
-    if _hits(f.offset, f.n, address, count):
-        lease = float(decode_float32(cand[f.offset : f.offset + f.n])[0])
-        if not (math.isfinite(lease) and 0.0 < lease <= LEASE_MAX_S):
-            return f"lease_s {lease!r}: a positive number of seconds up to {LEASE_MAX_S:g}"
-    starts = rack_cmd_address(0) + RACK_CMD_STRIDE * np.arange(n_racks)
-    records = cand[RACK_CMD_BASE : rack_cmd_address(n_racks)].reshape(n_racks, RACK_CMD_STRIDE)
-    for f in RACK_COMMAND:
-        touched = _touched(starts + f.offset, f.n, address, count)
-        if not touched.any():
-            continue
-        v = decode_float32(records[:, f.offset : f.offset + f.n].reshape(-1))
-        with np.errstate(invalid="ignore"):
-            bad = touched & (np.isnan(v) | (v < f.lo) | (v > f.hi))
-        if bad.any():
-            i = int(np.argmax(bad))
-            return f"rack {i}: {f.name} {float(v[i])!r} outside its declared range {f.lo:g}..{f.hi:g}"
-    return None
 
 
 class CapAgent:
@@ -230,9 +198,9 @@ class CapAgent:
 
     def _on_write(self, unit: int, address: int, values: list[int], cand: npt.NDArray[np.uint16]) -> str:
         """Vet a write (WriteRefused: exception 3), apply its cap (GpuError: exception 4), renew the lease."""
-        why = rack_write_error(cand, address, len(values), 1)
-        if why is not None:
-            raise WriteRefused(ILLEGAL_VALUE, why)
+        refused = rack_write_error(cand, address, len(values), 1)  # the same vetting as the served plant's racks
+        if refused is not None:
+            raise WriteRefused(*refused)
         notes = []
         lease_at, n = LEASE_FIELD.offset, len(values)
         if _hits(lease_at, LEASE_FIELD.n, address, n):

@@ -20,7 +20,7 @@ from dimmer.daemon.config import uniform_cap_bound_w
 from dimmer.observation import Actions, Observation
 from dimmer.site import SiteModel
 from gridsim.scenario import Scenario
-from gridsim.serve.common import FIRST_RACK_UNIT, ILLEGAL_VALUE, SITE_UNIT, Image
+from gridsim.serve.common import FIRST_RACK_UNIT, SITE_UNIT, Image
 
 FloatArray = npt.NDArray[np.float64]
 LEASE_AT = R.RACK_HEADER.field("lease_s").offset
@@ -141,15 +141,13 @@ class RackDevices:
         cand = img.words.copy()
         cand[address - img.start : address - img.start + n] = words
         nr, first = int(self.count[k]), int(self.first[k])
+        # the map's one vetting path, as `dimmer agent` answers: every value whole, in its declared range, no NaN
+        # (+inf only for the BBU threshold: backup only), a lease of more than 0 s up to 86,400
+        refused = R.rack_write_error(cand, address - img.start, n, nr)
+        if refused is not None:
+            return refused[0]
         lease_s = float(R.decode_float32(cand[LEASE_AT : LEASE_AT + 2])[0])
         recs = R.decode_records(R.RACK_COMMAND, cand[R.RACK_CMD_BASE : R.rack_cmd_address(nr)], nr, R.RACK_CMD_STRIDE)
-        if address <= LEASE_AT + 1 < address + n and not (math.isfinite(lease_s) and lease_s > 0):
-            return ILLEGAL_VALUE
-        # a value written must be a number in its range; +inf only for the BBU threshold (backup only)
-        for f in R.RACK_COMMAND:
-            v = recs[f.name]
-            if np.any(np.isnan(v)) or (f.name != "bbu_threshold_w" and not np.all(np.isfinite(v))):
-                return ILLEGAL_VALUE
         img.words[:] = cand
         sl = slice(first, first + nr)
         self.cmd_cap_w[sl] = recs["cap_w"]

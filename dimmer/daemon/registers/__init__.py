@@ -17,6 +17,8 @@ served plant use them.
 from __future__ import annotations
 
 from dimmer.daemon.registers.blocks import (
+    ILLEGAL_ADDRESS,
+    ILLEGAL_VALUE,
     Block,
     Field,
     Span,
@@ -31,6 +33,7 @@ from dimmer.daemon.registers.blocks import (
     out_of_range,
     span_allowed,
     writable_spans,
+    write_error,
 )
 from dimmer.daemon.registers.docs import POINTS_USED, registers_markdown
 from dimmer.daemon.registers.maps import (
@@ -57,9 +60,11 @@ from dimmer.daemon.registers.maps import (
     SITE_MAX_DOMAINS,
     SITE_MAX_JOBS,
     SITE_VERSION,
+    rack_block,
     rack_cmd_address,
     rack_status_address,
     rack_writable_spans,
+    rack_write_error,
     site_domain_address,
 )
 from dimmer.daemon.registers.sunspec import (

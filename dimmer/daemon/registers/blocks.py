@@ -31,6 +31,7 @@ from dimmer.daemon.registers.words import (
 )
 
 Span = tuple[int, int]  # [start, stop) register addresses
+ILLEGAL_ADDRESS, ILLEGAL_VALUE = 2, 3  # Modbus exception codes a refused write is answered with
 Values = Mapping[str, float | str | int | None]
 
 
@@ -263,3 +264,42 @@ def field_range(f: Field) -> str:
     lo = "" if f.lo == -math.inf else f"{f.lo:g}"
     hi = "" if f.hi == math.inf else f"{f.hi:g}"
     return f"{lo}..{hi}"
+
+
+def write_error(
+    block: Block, address: int, count: int, cand: Sequence[int] | WordArray, *, na_ok: bool = False
+) -> tuple[int, str] | None:
+    """Why a write of `count` registers at `address` (from the block's start) that leaves the block's registers
+    `cand` may not be stored: (Modbus exception code, why), or None. The one vetting path of every device map the
+    project serves (the agent's and the plant's rack devices, the plant's site and SunSpec devices); the writable
+    spans are the caller's to check first.
+
+    - a point of several registers written in part (only the high word of a float, say): ILLEGAL_ADDRESS, the code
+      a SunSpec device answers a write that does not cover whole points with, and the Modbus meaning of 0x02 (the
+      address and the count do not fit the data): a value is written whole, in one request;
+    - each point it touches, decoded (its scale factor applied): within the declared range `lo..hi` (an infinity
+      only where that side is unbounded), an enum one of its symbols, and not NaN — unless `na_ok` (SunSpec: a point
+      may be written "not implemented", and the model's own rules say where that is refused): ILLEGAL_VALUE.
+    Strings, pads, bitfields and scale factors are not vetted here.
+    """
+    w = as_words(cand)
+    stop = address + count
+    touched = [f for f in block.fields if f.offset < stop and address < f.offset + f.n]
+    for f in touched:
+        if f.offset < address or f.offset + f.n > stop:
+            return ILLEGAL_ADDRESS, f"{f.name} is {f.n} registers at {f.offset}: written in part"
+    for f in touched:
+        if f.kind in ("string", "pad", "eui48", "ipv6addr", "sunssf") or f.kind.startswith("bitfield"):
+            continue
+        v = float(decoder(f.kind)(w[f.offset : f.offset + f.n])[0])
+        if f.sf is not None:
+            v = float(apply_sf(v, decode_sf(int(w[block.field(f.sf).offset]))))
+        if math.isnan(v):
+            if na_ok and not f.symbols:
+                continue
+            return ILLEGAL_VALUE, f"{f.name} nan: not a number (nor a value of its declared range)"
+        if f.symbols and v not in {sym for _, sym in f.symbols}:
+            return ILLEGAL_VALUE, f"{f.name} {v:g}: not one of its symbols"
+        if not f.lo <= v <= f.hi:  # an infinity passes only where its side of the range is unbounded
+            return ILLEGAL_VALUE, f"{f.name} {v!r} outside its declared range {field_range(f) or 'any number'}"
+    return None

@@ -5,8 +5,19 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from functools import cache
 
-from dimmer.daemon.registers.blocks import Block, Field, Span, merge_spans, writable_spans
+from dimmer.daemon.registers.blocks import (
+    ILLEGAL_VALUE,
+    Block,
+    Field,
+    Span,
+    merge_spans,
+    writable_spans,
+    write_error,
+)
+from dimmer.daemon.registers.words import WordArray, as_words, decode_float32
 
 # -- dimmer-rack-v1 ----------------------------------------------------------------------------------------------
 
@@ -109,3 +120,35 @@ def rack_writable_spans(n_racks: int) -> list[Span]:
     if not 1 <= n_racks <= RACK_MAX:
         raise ValueError(f"n_racks must be in 1..{RACK_MAX} (got {n_racks})")
     return merge_spans([*writable_spans(RACK_HEADER), (RACK_CMD_BASE, rack_cmd_address(n_racks))])
+
+
+@cache
+def rack_block(n_racks: int) -> Block:
+    """dimmer-rack-v1 as one block up to the end of its command records: the header, then "rack i: cap_w",
+    "rack i: floor_w", ... of racks 0..n-1 at their addresses (what `rack_write_error` vets a write against)."""
+    if not 1 <= n_racks <= RACK_MAX:
+        raise ValueError(f"n_racks must be in 1..{RACK_MAX} (got {n_racks})")
+    records = tuple(
+        Field(f"rack {i}: {f.name}", rack_cmd_address(i) + f.offset, f.kind, f.size, f.unit, f.sf, f.lo, f.hi, f.access)
+        for i in range(n_racks)
+        for f in RACK_COMMAND
+    )
+    return Block("dimmer-rack-v1", rack_cmd_address(n_racks), (*RACK_HEADER.fields, *records))
+
+
+def rack_write_error(cand: Sequence[int] | WordArray, address: int, count: int, n_racks: int) -> tuple[int, str] | None:
+    """Why a write of `count` registers at `address` to a dimmer-rack-v1 device of `n_racks` racks, leaving its
+    registers `cand` (from 0), may not be stored: (Modbus exception code, why), or None. What `dimmer agent` and the
+    served plant's rack devices both answer: `write_error` on the map (every value written whole, within its
+    declared range, no NaN, +inf only for the BBU threshold), and a `lease_s` that is more than 0 s (a lease of 0
+    would lapse as it is written)."""
+    block = rack_block(n_racks)
+    w = as_words(cand)[: block.length]
+    refused = write_error(block, address, count, w)
+    if refused is not None:
+        return refused
+    lease = RACK_HEADER.field("lease_s")
+    touched = address < lease.offset + lease.n and lease.offset < address + count
+    if touched and not float(decode_float32(w[lease.offset : lease.offset + lease.n])[0]) > 0:
+        return ILLEGAL_VALUE, f"lease_s: a positive number of seconds up to {lease.hi:g}"
+    return None
