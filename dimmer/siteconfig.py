@@ -39,6 +39,15 @@ def _path_safe(name: str) -> str:
     return name
 
 
+def _text(text: str) -> str:
+    # free text (a description) may break lines, but an ESC or NUL printed by `gridsim describe` drives the terminal
+    if any(not c.isprintable() and c not in "\n\t" for c in text):
+        raise ValueError("text without control characters other than line breaks and tabs (no NUL, ESC, CR)")
+    return text
+
+
+# Free text a user gives (a description): printable, lines and tabs allowed.
+Text = Annotated[str, AfterValidator(_text)]
 # A name a user gives (a job, a device): printable, at most 200 characters.
 Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_printable)]
 # A name that also names a directory: no path separator, short enough for a file name with its suffix.

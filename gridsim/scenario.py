@@ -24,7 +24,7 @@ from pydantic import Field, ValidationError, model_validator
 from dimmer.errors import InputError, from_validation_error, key_path
 from dimmer.inputfile import MAX_DATA_BYTES, check_input_file
 from dimmer.site import SiteModel, build_site
-from dimmer.siteconfig import PathName, SiteSpec, Strict
+from dimmer.siteconfig import PathName, SiteSpec, Strict, Text
 from dimmer.tomlfile import MAX_TOML_DEPTH, toml_depth
 from dimmer.tomlfile import read_toml as read_toml_file
 from gridsim.plant.breakers import BreakerSpec
@@ -191,7 +191,7 @@ Event = Annotated[
 
 class Scenario(Strict):
     name: PathName
-    description: str = ""
+    description: Text = ""
     seed: int = Field(default=0, ge=0)
     duration_s: float = Field(gt=0, le=30 * 86400)
     site: SiteSpec

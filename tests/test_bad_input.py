@@ -143,8 +143,11 @@ def test_validate_checks_every_controller_table_against_its_params_model(
     _nothing_written(tmp_path, before)
 
 
-def test_a_good_controller_table_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    sc = _scenario(tmp_path, MINIMAL + '[controller]\nname = "dimmer"\n[controllers.dimmer]\nperiod_s = 1.0\n')
+def test_a_good_controller_table_and_a_multi_line_description_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = MINIMAL.replace('name = "tiny"', 'name = "tiny"\ndescription = """two\nlines,\ta tab"""')
+    sc = _scenario(tmp_path, text + '[controller]\nname = "dimmer"\n[controllers.dimmer]\nperiod_s = 1.0\n')
     assert main(["validate", str(sc)]) == 0
     assert ": ok — tiny" in capsys.readouterr().out
 
@@ -310,6 +313,7 @@ def test_stale_stages_are_only_ours(tmp_path: Path) -> None:
         ('name = "j"', 'name = "j\\u0000"', "jobs[0].name"),
         ('name = "j"', 'name = "j\\u001b[2J"', "jobs[0].name"),
         ('name = "j"', 'name = "j\\tk"', "jobs[0].name"),
+        ('name = "tiny"', 'name = "tiny"\ndescription = "two\\nlines \\u001b]0;title\\u0007"', "description"),
     ],
 )
 def test_names_that_leave_out_or_carry_control_characters_are_refused_at_load(
