@@ -64,7 +64,7 @@ def load_nvsmi_trace(path: str | Path, gpus: int, source: str, key: str) -> tupl
     p = Path(path)
     if gpus < 1:
         raise InputError(source, key, f"trace_gpus >= 1 (got {gpus})")
-    what = f"nvidia-smi CSV power trace ({p})"
+    what = f"power trace (nvidia-smi CSV, {p})"
     text = read_input_text(p, source, key, what, MAX_DATA_BYTES)
 
     lines = text.splitlines()  # LF or CRLF
