@@ -39,7 +39,6 @@ MAX_TICKS = 10_000_000
 MIN_TICK_S = 1e-3
 # What a run allocates for its recorded series and telemetry buffers, estimated before it starts.
 MAX_RUN_BYTES = 4 * 1024**3
-_N_TICK_SERIES = 12  # gridsim.engine.TICK_SERIES
 
 
 class EngineSpec(Strict):
@@ -361,6 +360,8 @@ def _check_ticks(loaded: LoadedScenario) -> None:
 def _check_run_size(loaded: LoadedScenario, site: SiteModel) -> None:
     """Refuse a run whose recorded series and telemetry buffers (as gridsim.engine allocates them) would pass
     MAX_RUN_BYTES, naming the key that makes most of it."""
+    from gridsim.engine import TICK_SERIES  # here: the engine imports this module
+
     sc = loaded.scenario
     eng, tel = sc.engine, sc.telemetry
     n_ticks = sc.n_ticks
@@ -370,7 +371,7 @@ def _check_run_size(loaded: LoadedScenario, site: SiteModel) -> None:
     rec_d = min(site.n_domains, 1 + rec_r * len(sc.site.levels))  # each recorded rack adds a domain per level
     ring_rows = max(1, round(tel.window_s / eng.tick_s)) + round(tel.delay_s / eng.tick_s)
     parts = {
-        "duration_s": 8 * n_ticks * _N_TICK_SERIES,
+        "duration_s": 8 * n_ticks * len(TICK_SERIES),
         "engine.record_racks": 8 * n_periods * (3 * rec_d + 4 * site.n_jobs + 2 * rec_r + 3),
         "telemetry.window_s" if tel.window_s >= tel.delay_s else "telemetry.delay_s": 8 * 3 * ring_rows * site.n_racks,
     }
