@@ -22,6 +22,7 @@ import numpy.typing as npt
 from dimmer.control import Controller, make_controller
 from dimmer.observation import Actions, Observation
 from dimmer.site import SiteModel
+from gridsim.errors import ActionsError
 from gridsim.events import job_mask, pcc_schedule
 from gridsim.faults import Faults, Telemetry
 from gridsim.plant.breakers import BreakerBank
@@ -88,6 +89,54 @@ class SimResult:
         import pandas as pd
 
         return pd.DataFrame({"t_s": self.t_s, **self.tick})
+
+
+# What each per-rack field of Actions may hold besides finite numbers, by its contract: (field, NaN allowed, +inf
+# allowed, what is expected). NaN is "no change" for caps and floors (GpuBank.command keeps the value in force, and
+# an actuation fault uses it so); +inf is "backup only" for a BBU threshold and "up to the shelf's rated recharge"
+# for a recharge limit (RackBbus.step clips it to the rating). Anything else non-finite -- a NaN threshold made
+# `stored_j` NaN, then the grid import, and no breaker ever saw an overload -- is refused before it reaches the
+# plant. docs/models.md ("What the engine accepts from a controller") holds the table.
+_RACK_FIELDS = (
+    ("rack_cap_w", True, False, "a finite per-GPU cap in W, or NaN for no change"),
+    ("rack_floor_w", True, False, "a finite per-GPU floor in W, or NaN for no change"),
+    ("rack_bbu_threshold_w", False, True, "a threshold in W, or inf for backup only (never NaN or -inf)"),
+    ("rack_bbu_recharge_w", False, True, "a recharge limit in W, or inf for the shelf's rating (never NaN or -inf)"),
+)
+
+
+def check_actions(act: Actions, n_racks: int, n_jobs: int) -> tuple[str, str] | None:
+    """(field, what was expected and what came) for the first field of `act` the plant refuses; None if all pass.
+
+    The fast path is one np.isfinite and one any() per array: a control period's check costs microseconds.
+    """
+    for name, nan_ok, inf_ok, expected in _RACK_FIELDS:
+        a = np.asarray(getattr(act, name))
+        if a.shape != (n_racks,):
+            return name, f"an array of shape ({n_racks},), one value per rack (got shape {a.shape})"
+        finite = np.isfinite(a)
+        if finite.all():
+            continue
+        bad = ~finite
+        if nan_ok:
+            bad &= ~np.isnan(a)
+        if inf_ok:
+            bad &= a != np.inf
+        if bad.any():
+            i = int(np.argmax(bad))
+            n_bad = int(np.count_nonzero(bad))
+            return name, f"{expected} (rack {i} is {float(a[i])!r}, and {n_bad} of {n_racks} racks are not)"
+    sp = act.bess_setpoint_w
+    if math.isinf(sp):  # NaN is documented as "hold idle" (CampusBess.step); inf is no power a battery has
+        return "bess_setpoint_w", f"a finite setpoint in W, or NaN for idle (got {sp!r})"
+    for name in ("gpu_ramp_up_w_per_s", "gpu_ramp_down_w_per_s"):
+        v = getattr(act, name)
+        if not v >= 0.0:  # NaN fails too
+            return name, f"a ramp limit >= 0 W/s, or inf for none (got {v!r})"
+    js = np.asarray(act.job_suspend)
+    if js.shape != (n_jobs,) or js.dtype != np.bool_:
+        return "job_suspend", f"a boolean array of shape ({n_jobs},) (got {js.dtype} of shape {js.shape})"
+    return None
 
 
 def _record_domain_index(site: SiteModel, racks: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -327,6 +376,9 @@ class Simulation:
                 t0 = time.perf_counter()
                 act = self.ctrl.step(obs)
                 step_ms[p] = (time.perf_counter() - t0) * 1e3
+                refused = check_actions(act, site.n_racks, n_jobs)
+                if refused is not None:
+                    raise ActionsError(self.ctrl.name, *refused, t_s=t, tick=k)
                 act, fault_delay = self.faults.actuation(t, act)
                 if latency + fault_delay > 0:
                     pending.append((t + latency + fault_delay, act))

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from gridsim.engine import SimResult
+from gridsim.errors import ResultError
 from gridsim.plant.grid import (
     band_rms_w,
     effective_band_hz,
@@ -66,7 +67,44 @@ def _finite(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
+# Series that may hold a non-finite value by contract, and which: the interconnect limit +inf (none set), the BBU
+# state of charge NaN (a site with no BBUs). Every other recorded series must be finite.
+_NON_FINITE_OK = {"pcc_limit_w": "inf", "bbu_soc_min_frac": "nan", "bbu_soc_mean_frac": "nan"}
+
+
+def check_finite(res: SimResult) -> None:
+    """Raise ResultError if a series the summary is computed from holds data it cannot judge.
+
+    A NaN compares False with every limit: a grid import of NaN was 0 s over the interconnect limit, its peak null
+    and its breakers never tripped -- a run that went wrong read as a run that held. One isfinite per series.
+    """
+    series = [(name, res.t_s, v) for name, v in res.tick.items()]
+    series += [(f"period.{name}", res.period_t_s, v) for name, v in res.period.items()]
+    for name, t_axis, v in series:
+        finite = np.isfinite(v)
+        if finite.all():
+            continue
+        bad = ~finite
+        ok = _NON_FINITE_OK.get(name.removeprefix("period."))
+        if ok == "inf":
+            bad &= v != np.inf
+        elif ok == "nan":
+            bad &= ~np.isnan(v)
+        rows = bad.reshape(bad.shape[0], -1).any(axis=1)  # a sample (tick or period) with any bad column
+        if not rows.any():
+            continue
+        first = int(np.argmax(rows))
+        value = float(v[first][bad[first]].flat[0]) if v.ndim > 1 else float(v[first])
+        what = (
+            f"is {value!r} at {int(np.count_nonzero(rows))} of {rows.size} samples "
+            f"(first at t = {float(t_axis[first]):g} s)"
+        )
+        raise ResultError(res.scenario, res.controller, name, what)
+
+
 def summarize(res: SimResult) -> dict[str, Any]:
+    """The summary.json of a run (docs/models.md, "Metrics"); ResultError if its series hold non-finite data."""
+    check_finite(res)
     site, dt = res.site, res.tick_s
     grid = res.tick["grid_w"]
     demand = res.tick["demand_w"]
