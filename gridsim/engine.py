@@ -210,6 +210,21 @@ class Simulation:
         self.ring_grid = np.zeros(self.window_ticks + self.delay_ticks)
         self.rack_last_ok_s = np.zeros(site.n_racks)
 
+        # Replayed frequency records, read when the run is built (the scenario's validation read them too) and laid on
+        # the tick axis once: each replay reaches before its at_s and past its end (it relaxes to nominal there).
+        replays = []
+        for i, ev in enumerate(sc.events):
+            if isinstance(ev, FrequencyReplayEvent):
+                path = loaded.resolve(ev.path)
+                ft, fhz = load_frequency_csv(
+                    path, loaded.source, f"events[{i}].path", ev.sample_s, ev.values, sc.grid.nominal_hz
+                )
+                replays.append(FrequencyReplay(ft, fhz, ev.at_s, sc.grid.nominal_hz, ev.settle_tau_s))
+        t_axis = np.arange(self.n_ticks, dtype=np.float64) * self.dt
+        self.replay_dev_hz: FloatArray | None = (
+            np.sum([r.dev_hz_array(t_axis) for r in replays], axis=0) if replays else None
+        )
+
         n_rec = min(sc.engine.record_racks, site.n_racks)
         self.rec_racks = np.unique(np.linspace(0, site.n_racks - 1, n_rec).round().astype(np.int64))
         self.rec_domains = _record_domain_index(site, self.rec_racks)
@@ -323,7 +338,7 @@ class Simulation:
         latency = sc.engine.actuation_latency_s
         events = sorted(sc.events, key=lambda e: e.at_s)
         ev_i = 0
-        replays: list[FrequencyReplay] = []
+        replay_dev = self.replay_dev_hz
         ext_load_w = 0.0
         events_log: list[tuple[float, str]] = []
 
@@ -359,15 +374,10 @@ class Simulation:
                     dmask = np.zeros(site.n_domains, dtype=bool)
                     dmask[site.domain_index(ev.domain)] = True
                     self.breakers.derate(dmask, ev.factor)
-                elif isinstance(ev, FrequencyReplayEvent):
-                    ft, fhz = load_frequency_csv(
-                        self.loaded.resolve(ev.path), self.loaded.source, f"events[{ev_i - 1}].path"
-                    )
-                    replays.append(FrequencyReplay(ft, fhz, ev.at_s))
                 elif isinstance(ev, FrequencyStepEvent):
                     ext_load_w += ev.load_mw * 1e6
-                elif isinstance(ev, CurtailEvent):
-                    pass  # the PCC schedule already holds it
+                elif isinstance(ev, CurtailEvent | FrequencyReplayEvent):
+                    pass  # the PCC schedule and the replayed deviation (self.replay_dev_hz) already hold it
 
             # control
             if k % tpp == 0 and k > 0:
@@ -409,7 +419,7 @@ class Simulation:
                 energized = self.breakers.rack_energized()
             if freq_model is None:
                 freq_model = FrequencyModel(sc.grid, grid_w, dt)
-            extra = sum(r.dev_hz(t) for r in replays) if replays else 0.0
+            extra = float(replay_dev[k]) if replay_dev is not None else 0.0
             freq_hz = freq_model.step(grid_w + ext_load_w, extra)
 
             # throughput of each job: its slowest running rack

@@ -29,7 +29,7 @@ from dimmer.tomlfile import MAX_TOML_DEPTH, toml_depth
 from dimmer.tomlfile import read_toml as read_toml_file
 from gridsim.plant.breakers import BreakerSpec
 from gridsim.plant.gpu import GpuActuationSpec
-from gridsim.plant.grid import FrequencySpec, load_frequency_csv
+from gridsim.plant.grid import DEFAULT_SETTLE_TAU_S, FrequencySpec, ReplayValues, load_frequency_csv
 from gridsim.plant.workload import BackgroundSpec, JobSpec, Workload
 
 # A run keeps every campus series at every tick: 10 M ticks (11.5 days at the default 0.1 s) is ~1 GB of them.
@@ -92,10 +92,15 @@ class CurtailEvent(_Event):
 
 
 class FrequencyReplayEvent(_Event):
-    """Replay a measured frequency trajectory (CSV `index,frequency_hz` at 1 s) as an external deviation."""
+    """Replay a measured frequency record as the area's frequency from `at_s` (gridsim.plant.grid.FrequencyReplay;
+    the accepted files: load_frequency_csv, docs/scenarios.md)."""
 
     kind: Literal["frequency_replay"]
     path: str
+    sample_s: float = Field(default=1.0, gt=0, le=3600)  # the record's sample period (t = index x sample_s)
+    values: ReplayValues = "frequency_hz"  # or "deviation_mhz": f - nominal in mHz
+    # how fast the frequency leaves nominal before the record and returns after it (first order; an assumption)
+    settle_tau_s: float = Field(default=DEFAULT_SETTLE_TAU_S, gt=0, le=3600)
 
 
 class FrequencyStepEvent(_Event):
@@ -340,7 +345,7 @@ def _check_replay(loaded: LoadedScenario, ev: FrequencyReplayEvent, key: str) ->
     """Read and parse the replay file as the run will (gridsim.plant.grid's parser), so a bad one fails now."""
     path = loaded.resolve(ev.path)
     check_input_file(path, loaded.source, key, "frequency record (CSV)", MAX_DATA_BYTES)
-    load_frequency_csv(path, loaded.source, key)
+    load_frequency_csv(path, loaded.source, key, ev.sample_s, ev.values, loaded.scenario.grid.nominal_hz)
 
 
 def _check_ticks(loaded: LoadedScenario) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -64,15 +65,25 @@ def test_curtailment_ramps_the_limit(tmp_path: Path) -> None:
     assert np.all(lim[t >= 30] == pytest.approx(2e6))
 
 
-def test_frequency_replay_adds_the_measured_deviation(tmp_path: Path, shared_data: Path) -> None:
+def test_frequency_replay_is_the_measured_frequency(tmp_path: Path, shared_data: Path) -> None:
     path = shared_data / "gridfreq_gb_neso_1s_2019-08-09_event.csv"
-    loaded = _loaded(tmp_path, duration_s=300, events=[{"kind": "frequency_replay", "at_s": 10, "path": str(path)}])
+    record = np.loadtxt(path, delimiter=",", skiprows=1)
+    loaded = _loaded(tmp_path, duration_s=600, events=[{"kind": "frequency_replay", "at_s": 10, "path": str(path)}])
     res = run(loaded)
-    # GB 9 Aug 2019: 50.045 Hz at the start of the file, nadir 48.787 Hz 120 s later. The campus is steady, so
-    # the modelled deviation is ~0 and the replayed one dominates.
-    nadir = res.tick["freq_hz"].min()
-    assert nadir == pytest.approx(50.0 + (48.787 - 50.045), abs=0.01)
-    assert res.t_s[np.argmin(res.tick["freq_hz"])] == pytest.approx(130.0, abs=1.5)
+    f, t = res.tick["freq_hz"], res.t_s
+    # GB 9 Aug 2019, replayed as measured: the campus is steady, so its own modelled deviation is ~0 and the run's
+    # frequency at every sample of the record is the record (it was 45 mHz low: f - f(first sample))
+    at_samples = np.searchsorted(t, 10.0 + record[:, 0] - 1e-6)
+    assert np.max(np.abs(f[at_samples] - record[:, 1])) < 1e-4
+    assert f.min() == pytest.approx(48.787, abs=1e-4)
+    assert t[np.argmin(f)] == pytest.approx(130.0, abs=1e-6)
+    # the record ends at 369 s at 50.089 Hz; from there the frequency returns to nominal without a step (it fell
+    # 44 mHz in one tick): each tick moves it by at most the first-order return's first step, 0.15 mHz
+    after = t > 369.0
+    assert np.max(np.abs(np.diff(f[after]))) < 0.2e-3
+    assert f[np.searchsorted(t, 369.0)] == pytest.approx(50.089, abs=1e-4)
+    # first order with settle_tau_s = 60 s (the default): 2 % of the 89 mHz left 231 s later
+    assert f[-1] - 50.0 == pytest.approx(0.089 * math.exp(-(t[-1] - 369.0) / 60.0), abs=1e-4)
 
 
 def test_frequency_step_settles_at_the_closed_form(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from gridsim.plant.grid import (
     pre_run_w,
     ramp_violation_s,
     ramp_w_per_min,
+    steady_state_dev_hz,
 )
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -134,29 +136,75 @@ def test_gb_file_is_read() -> None:
     assert np.all(np.diff(t) == 1.0) and t[0] == 0.0
     assert f.min() == pytest.approx(48.787, abs=1e-9)  # the 9 Aug 2019 nadir
     assert t[np.argmin(f)] == 120.0
-    assert f[0] == pytest.approx(50.045)
-    # replay: a deviation from the first sample, starting at start_s, zero outside
-    rp = FrequencyReplay(t, f, start_s=1000.0)
-    assert rp.dev_hz(999.9) == 0.0 and rp.dev_hz(1000.0) == 0.0
-    assert rp.dev_hz(1120.0) == pytest.approx(48.787 - 50.045, abs=1e-9)
-    assert rp.dev_hz(1000.0 + 359.5) == 0.0
-    ts = np.arange(900.0, 1400.0, 0.1)
-    arr = rp.dev_hz_array(ts)
-    assert np.allclose(arr, [rp.dev_hz(x) for x in ts], atol=1e-12)
-    assert arr.min() == pytest.approx(48.787 - 50.045, abs=1e-9)
+    assert f[0] == pytest.approx(50.045) and f[-1] == pytest.approx(50.089)
     # the measured RoCoF at 1 s resolution (largest 1 s step in the file: 0.151 Hz)
     assert max_rocof_hz_per_s(f, 1.0, 1.0) == pytest.approx(0.151, abs=1e-9)
     assert max_freq_dev_hz(f, 50.0) == pytest.approx(50.0 - 48.787, abs=1e-9)
 
 
+def test_replay_is_the_absolute_record_to_the_sample() -> None:
+    """Issue 12 item 3: the replay was f - f(first sample), 45 mHz off the record (nadir 48.742 for 48.787 Hz)."""
+    t, f = load_frequency_csv(_gb_file(), "s.toml", "k")
+    rp = FrequencyReplay(t, f, start_s=1000.0, nominal_hz=50.0)
+    # every sample of the record, scalar and vectorised, is the measured frequency itself
+    assert np.array_equal(50.0 + rp.dev_hz_array(1000.0 + t), 50.0 + (f - 50.0))
+    assert max(abs(50.0 + rp.dev_hz(1000.0 + x) - y) for x, y in zip(t, f, strict=True)) < 1e-12
+    ts = np.arange(700.0, 1800.0, 0.1)
+    freq = 50.0 + rp.dev_hz_array(ts)
+    assert freq.min() == pytest.approx(48.787, abs=1e-9)  # the measured nadir, at its sample
+    assert ts[np.argmin(freq)] == pytest.approx(1120.0)
+    assert np.allclose(rp.dev_hz_array(ts), [rp.dev_hz(x) for x in ts], atol=1e-12)
+
+
+def test_replay_has_no_step_at_either_end() -> None:
+    """The record ended with the deviation dropping to 0 in one tick (50.0437 -> 49.9997 Hz); now it relaxes to
+    nominal first-order with settle_tau_s after the end (and leaves nominal the same way before the start)."""
+    t, f = load_frequency_csv(_gb_file(), "s.toml", "k")
+    tau = 60.0
+    rp = FrequencyReplay(t, f, start_s=1000.0, nominal_hz=50.0, settle_tau_s=tau)
+    end = 1000.0 + t[-1]
+    dt = 0.1
+    ts = np.arange(0.0, end + 10 * tau, dt)
+    freq = 50.0 + rp.dev_hz_array(ts)
+    steps = np.abs(np.diff(freq))
+    inside = (ts[1:] > 1000.0) & (ts[1:] <= end)
+    outside = ~inside
+    # the largest tick-to-tick move outside the record: the relaxation's first tick, (f - 50)(1 - e^{-dt/tau})
+    edge = max(abs(f[0] - 50.0), abs(f[-1] - 50.0)) * (1.0 - math.exp(-dt / tau))
+    assert steps[outside].max() == pytest.approx(edge, rel=1e-6)
+    assert steps[outside].max() < 0.2e-3  # 0.15 mHz, where the old end step was 44 mHz
+    assert steps[outside].max() < 0.02 * steps[inside].max()  # far below the record's own moves
+    # continuous at both edges, and back at nominal: within 1 % of the last deviation after 5 tau
+    assert rp.dev_hz(end + 1e-9) == pytest.approx(f[-1] - 50.0, abs=1e-9)
+    assert rp.dev_hz(1000.0 - 1e-9) == pytest.approx(f[0] - 50.0, abs=1e-9)
+    assert rp.dev_hz(end + tau) == pytest.approx((f[-1] - 50.0) / math.e, rel=1e-12)
+    assert abs(rp.dev_hz(end + 5 * tau)) < 0.01 * abs(f[-1] - 50.0)
+    assert rp.dev_hz(1000.0 - 3 * tau) == pytest.approx((f[0] - 50.0) * math.exp(-3), rel=1e-12)
+
+
+def test_replay_on_the_frequency_model_keeps_the_model_closed_forms() -> None:
+    """The replay sits on top of the modelled deviation: a campus step during a replay still settles at
+    -dP/(D + 1/R) above the record, and the replayed part is the record's deviation from nominal."""
+    spec = FrequencySpec()
+    dt = 0.1
+    rp = FrequencyReplay(np.array([0.0, 100.0]), np.array([49.9, 49.9]), start_s=0.0, nominal_hz=spec.nominal_hz)
+    m = FrequencyModel(spec, 0.0, dt)
+    dp = 200e6
+    for k in range(int(90.0 / dt)):
+        f = m.step(dp, rp.dev_hz(k * dt))
+    assert f - 49.9 == pytest.approx(steady_state_dev_hz(spec, dp), rel=1e-3)
+
+
 def test_replay_interpolates_linearly() -> None:
-    rp = FrequencyReplay(np.array([0.0, 1.0, 3.0]), np.array([50.0, 49.0, 50.0]), start_s=10.0)
+    rp = FrequencyReplay(np.array([0.0, 1.0, 3.0]), np.array([50.0, 49.0, 50.0]), start_s=10.0, nominal_hz=50.0)
     assert rp.dev_hz(10.5) == pytest.approx(-0.5)
     assert rp.dev_hz(12.0) == pytest.approx(-0.5)
     assert rp.dev_hz(13.0) == pytest.approx(0.0)
     assert rp.duration_s == 3.0
     with pytest.raises(ValueError):
         FrequencyReplay(np.array([0.0, 0.0]), np.array([50.0, 50.0]), 0.0)
+    with pytest.raises(ValueError):
+        FrequencyReplay(np.array([0.0, 1.0]), np.array([50.0, 50.0]), 0.0, settle_tau_s=0.0)
 
 
 def test_csv_crlf_and_lf(tmp_path: Path) -> None:
@@ -170,31 +218,100 @@ def test_csv_crlf_and_lf(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "what"),
+    ("text", "values", "sample_s", "t_s", "f_hz"),
     [
-        ("time,freq\n0,50\n1,50\n", "header"),
-        ("index,frequency_hz\n0,50\n1,abc\n", "line 3"),
-        ("index,frequency_hz\n0,50\n1,50,7\n", "line 3"),
-        ("index,frequency_hz\n0,50\n0,50\n", "index above"),
-        ("index,frequency_hz\n0,50\n1,-50\n", "positive finite"),
-        ("index,frequency_hz\n0,50\n1,nan\n", "positive finite"),
-        ("index,frequency_hz\n0,50\n", "at least two"),
-        ("", "header"),
+        # NESO: index,frequency_hz at 1 s, with its header, without it, or another header naming Hz
+        ("index,frequency_hz\n0,50.045\n1,50.042\n", "frequency_hz", 1.0, [0, 1], [50.045, 50.042]),
+        ("0,50.045\n1,50.042\n", "frequency_hz", 1.0, [0, 1], [50.045, 50.042]),
+        ("time,f\n0,50.045\n1,50.042\n", "frequency_hz", 1.0, [0, 1], [50.045, 50.042]),
+        # one value a line at a stated sample period (10 Hz), with and without a header
+        ("50.0\n49.99\n49.98\n", "frequency_hz", 0.1, [0, 0.1, 0.2], [50.0, 49.99, 49.98]),
+        ("frequency_hz\n50.0\n49.99\n49.98\n", "frequency_hz", 0.1, [0, 0.1, 0.2], [50.0, 49.99, 49.98]),
+        # deviations in mHz, as operators publish them: with an index, alone, with or without a header
+        ("index,deviation_mhz\n0,45\n2,-1213\n", "deviation_mhz", 0.5, [0, 1], [50.045, 48.787]),
+        ("45\n-1213\n", "deviation_mhz", 1.0, [0, 1], [50.045, 48.787]),
+        ("\ufeffdf_mhz\r\n45\r\n\r\n-1213\r\n", "deviation_mhz", 1.0, [0, 1], [50.045, 48.787]),
     ],
 )
-def test_malformed_csv_gives_input_error(tmp_path: Path, text: str, what: str) -> None:
+def test_accepted_formats(
+    tmp_path: Path, text: str, values: Literal["frequency_hz", "deviation_mhz"], sample_s: float, t_s: list[float],
+    f_hz: list[float],
+) -> None:  # fmt: skip
+    p = tmp_path / "f.csv"
+    p.write_bytes(text.encode())
+    t, f = load_frequency_csv(p, "s.toml", "k", sample_s=sample_s, values=values, nominal_hz=50.0)
+    assert t == pytest.approx(t_s, abs=1e-12) and f == pytest.approx(f_hz, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("text", "values", "what"),
+    [
+        (
+            "index,frequency_hz\n0,50\n1,abc\n",
+            "frequency_hz",
+            r"line 3: 2 comma-separated numbers, 'index,frequency_hz'",
+        ),
+        ("index,frequency_hz\n0,50\n1,50,7\n", "frequency_hz", "line 3: 2 comma-separated"),
+        ("0,50\n1,50\n49.9\n", "frequency_hz", "line 3: 2 comma-separated"),  # the layout changed
+        ("50\n50\n1,50\n", "frequency_hz", r"line 3: 1 comma-separated number, 'frequency_hz'"),
+        ("index,frequency_hz\n0,50\n0,50\n", "frequency_hz", "line 3: an index above the previous"),
+        ("index,frequency_hz\n0,50\n1,-50\n", "frequency_hz", "line 3: a frequency in Hz, the frequency within"),
+        ("index,frequency_hz\n0,50\n1,nan\n", "frequency_hz", "line 3: a frequency in Hz"),
+        ("index,frequency_hz\n0,50\ninf,50\n", "frequency_hz", "line 3: a finite index"),
+        ("index,frequency_hz\n0,50\n", "frequency_hz", "at least two samples"),
+        ("", "frequency_hz", "at least two samples"),
+        # unit mix-ups: mHz read as Hz, Hz read as mHz, a header naming the other unit, a 60 Hz record
+        ("0,45\n1,-1213\n", "frequency_hz", 'line 2: .*needs values = "deviation_mhz"'),  # 45 Hz is in range
+        ("0,50045\n1,48787\n", "deviation_mhz", 'line 1: .*needs values = "frequency_hz"'),
+        ("index,deviation_mhz\n0,45\n1,40\n", "frequency_hz", "line 1: a value column in frequency_hz"),
+        ("index,frequency_hz\n0,50\n1,50\n", "deviation_mhz", "line 1: a value column in deviation_mhz"),
+        ("0,60.01\n1,59.98\n", "frequency_hz", r"within 10% of the 50 Hz nominal \(45-55 Hz\)"),
+        ("a,b,c\n0,50\n", "frequency_hz", "line 1: a header of 1 or 2 columns"),
+    ],
+)
+def test_malformed_csv_gives_input_error(tmp_path: Path, text: str, values: Any, what: str) -> None:
     p = tmp_path / "bad.csv"
     p.write_text(text)
     with pytest.raises(InputError, match=what) as exc:
-        load_frequency_csv(p, "scen.toml", "grid.frequency.replay_csv")
+        load_frequency_csv(p, "scen.toml", "events[0].path", values=values)
     msg = str(exc.value)
-    assert msg.startswith("scen.toml: grid.frequency.replay_csv: ")
+    assert msg.startswith(f"scen.toml: events[0].path: {p}")
     assert "\n" not in msg
 
 
+def test_the_error_says_what_was_expected_not_what_the_file_holds(tmp_path: Path) -> None:
+    p = tmp_path / "bad.csv"
+    p.write_text("index,frequency_hz\n0,50\n1,SECRET-hunter2\n")
+    with pytest.raises(InputError) as exc:
+        load_frequency_csv(p, "s.toml", "k")
+    assert "SECRET" not in str(exc.value) and "line 3" in str(exc.value)
+
+
 def test_missing_csv_gives_input_error(tmp_path: Path) -> None:
-    with pytest.raises(InputError, match=r"scen.toml: grid.replay: a readable frequency CSV \(cannot read"):
+    with pytest.raises(InputError, match=r"scen.toml: grid.replay: an existing frequency record"):
         load_frequency_csv(tmp_path / "nope.csv", "scen.toml", "grid.replay")
+
+
+def test_a_malformed_replay_fails_when_the_scenario_is_loaded(tmp_path: Path) -> None:
+    """Not when the event fires minutes into the run: load_scenario reads the file with the event's keys."""
+    from gridsim.scenario import load_scenario
+
+    (tmp_path / "f.csv").write_text("45\n-1213\n")  # mHz deviations
+    sc = tmp_path / "s.toml"
+    base = (
+        'name = "r"\nduration_s = 600\n[site]\ngpu = "gb300"\n[site.pcc]\nlimit_mw = 3.0\n[[site.levels]]\n'
+        'level = "row"\ncount = 1\nrating_kw = 1500\n[[site.levels]]\nlevel = "rack"\ncount = 2\n'
+        '[[events]]\nkind = "frequency_replay"\nat_s = 500\npath = "f.csv"\n'
+    )
+    sc.write_text(base)
+    with pytest.raises(InputError, match=r"s.toml: events\[0\].path: .*f.csv line 2: .*deviation_mhz"):
+        load_scenario(sc)
+    sc.write_text(base + 'values = "deviation_mhz"\nsample_s = 0.5\n')
+    ev = load_scenario(sc).scenario.events[0]
+    assert ev.kind == "frequency_replay" and ev.values == "deviation_mhz" and ev.sample_s == 0.5
+    with pytest.raises(InputError, match=r"events\[0\]\..*sample_s: Input should be greater than 0"):
+        sc.write_text(base + "sample_s = 0\n")
+        load_scenario(sc)
 
 
 # ---- metrics -----------------------------------------------------------------------------------------------

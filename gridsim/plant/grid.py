@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -155,64 +156,153 @@ class FrequencyModel:
 
 
 # ---- measured frequency ---------------------------------------------------------------------------------
-_CSV_HEADER = ["index", "frequency_hz"]
+ReplayValues = Literal["frequency_hz", "deviation_mhz"]
+# A record that strays this far from nominal is not a frequency record of this grid (a 60 Hz record in a 50 Hz
+# scenario, Hz read as mHz or the reverse); under-frequency load shedding ends every real event well inside it.
+PLAUSIBLE_FRAC = 0.1
+# *assumption*: how fast the frequency leaves nominal before a record and returns after it. A deviation off nominal
+# persists only while an imbalance holds it; the imbalance at a record's edge is unknown, and secondary control
+# (GB secondary response: full within 30 s; ENTSO-E aFRR: full activation within 5 min) takes it away in minutes.
+DEFAULT_SETTLE_TAU_S = 60.0
 
 
-def load_frequency_csv(path: str | Path, source: str, key: str, sample_s: float = 1.0) -> tuple[FloatArray, FloatArray]:
-    """Read a NESO-style `index,frequency_hz` file (a sample every `sample_s`, CRLF or LF): (t_s, freq_hz).
+def _value_unit(name: str) -> ReplayValues | None:
+    """The unit a header's value column names, if it names one ('deviation_mhz', 'f_mhz'; 'frequency_hz', 'f')."""
+    n = name.strip().lower()
+    if "mhz" in n:
+        return "deviation_mhz"
+    if n.endswith("hz") or n in ("f", "freq", "frequency"):
+        return "frequency_hz"
+    return None
 
-    t_s = index x sample_s. Raises InputError naming `source` (the file that referred to it), `key` (the key
-    that holds the path) and the CSV's path for a missing file, a wrong header, a malformed row, an index
-    that does not increase, a frequency that is not a positive finite number, or fewer than two samples.
+
+def load_frequency_csv(
+    path: str | Path,
+    source: str,
+    key: str,
+    sample_s: float = 1.0,
+    values: ReplayValues = "frequency_hz",
+    nominal_hz: float = 50.0,
+) -> tuple[FloatArray, FloatArray]:
+    """Read a measured frequency record: (t_s, freq_hz), the absolute frequency in Hz at each sample.
+
+    One sample a line, comma-separated: `index,value` (t = index x sample_s; the NESO files) or `value` alone (t =
+    its place x sample_s). `values` is what the value is: "frequency_hz" (the frequency in Hz) or "deviation_mhz"
+    (f - nominal in mHz, as several operators publish it). One header line is optional: a first line that is not
+    a number, with the data's column count; when its value column names a unit (Hz or mHz) that unit must be
+    `values`. CRLF or LF, a UTF-8 BOM, blank lines are fine. Every sample must lie within PLAUSIBLE_FRAC of
+    nominal (a unit mix-up fails here, not as a 50 kHz grid); the index must increase; at least two samples.
+    Every failure is an InputError naming `source`, `key`, the file, the line and what was expected (never what
+    the line held: the path may point anywhere).
     """
+    from dimmer.inputfile import MAX_DATA_BYTES, read_input_text
+
+    if not (sample_s > 0 and math.isfinite(sample_s)):
+        raise InputError(source, key, f"a sample period > 0 s for {path} (got {sample_s!r})")
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(source, key, f"a readable frequency CSV (cannot read {p}: {exc.__class__.__name__})") from None
-    lines = text.splitlines()
-    if not lines or [c.strip().lower() for c in lines[0].split(",")] != _CSV_HEADER:
-        got = lines[0][:60] if lines else ""
-        raise InputError(source, key, f"{p}: a CSV with the header 'index,frequency_hz' (got {got!r})")
+    text = read_input_text(p, source, key, "frequency record (CSV)", MAX_DATA_BYTES)
+    unit = "a frequency in Hz" if values == "frequency_hz" else "a deviation from nominal in mHz"
+    hint = 'values = "deviation_mhz"' if values == "frequency_hz" else 'values = "frequency_hz"'
+    scale, offset = (1.0, 0.0) if values == "frequency_hz" else (1e-3, nominal_hz)
+    lo_hz, hi_hz = nominal_hz * (1.0 - PLAUSIBLE_FRAC), nominal_hz * (1.0 + PLAUSIBLE_FRAC)
+    n_cols = 0  # 1 (value) or 2 (index,value): the header's or the first row's, then every row's
+    layout = ""
+    seen_data = False
     idx: list[float] = []
     freq: list[float] = []
-    for n, line in enumerate(lines[1:], start=2):
+    for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         parts = line.split(",")
+        first = not seen_data and n_cols == 0
+        if first:
+            try:
+                float(parts[0])
+            except ValueError:  # a header line: column names
+                if len(parts) not in (1, 2):
+                    raise InputError(
+                        source, key, f"{p} line {n}: a header of 1 or 2 columns ('index,{values}' or '{values}')"
+                    ) from None
+                named = _value_unit(parts[-1])
+                if named is not None and named != values:
+                    raise InputError(
+                        source, key, f"{p} line {n}: a value column in {values} as the event says, or {hint}"
+                    ) from None
+                n_cols = len(parts)
+                layout = f"index,{values}" if n_cols == 2 else values
+                continue
+        if n_cols == 0:
+            n_cols = len(parts) if len(parts) in (1, 2) else 2
+            layout = f"index,{values}" if n_cols == 2 else values
+        seen_data = True
         try:
-            if len(parts) != 2:
+            if len(parts) != n_cols:
                 raise ValueError
-            i, f = float(parts[0]), float(parts[1])
+            nums = [float(x) for x in parts]
         except ValueError:
+            what = "an index and " + unit if n_cols == 2 else unit
             raise InputError(
-                source, key, f"{p} line {n}: two numbers 'index,frequency_hz' (got {line[:60]!r})"
+                source,
+                key,
+                f"{p} line {n}: {n_cols} comma-separated number{'s' if n_cols == 2 else ''}, '{layout}' ({what})",
             ) from None
-        if not (math.isfinite(f) and f > 0 and math.isfinite(i)):
-            raise InputError(source, key, f"{p} line {n}: a positive finite frequency in Hz (got {line[:60]!r})")
+        f = nums[-1] * scale + offset
+        if not (math.isfinite(f) and lo_hz <= f <= hi_hz):
+            raise InputError(
+                source,
+                key,
+                f"{p} line {n}: {unit}, the frequency within {PLAUSIBLE_FRAC:.0%} of the "
+                f"{nominal_hz:g} Hz nominal ({lo_hz:g}-{hi_hz:g} Hz); a file of the other kind needs {hint}",
+            )
+        i = nums[0] if n_cols == 2 else float(len(idx))
+        if not math.isfinite(i):
+            raise InputError(source, key, f"{p} line {n}: a finite index")
         if idx and i <= idx[-1]:
-            raise InputError(source, key, f"{p} line {n}: an index above the previous one ({idx[-1]:g}), got {i:g}")
+            raise InputError(source, key, f"{p} line {n}: an index above the previous sample's ({idx[-1]:g})")
         idx.append(i)
         freq.append(f)
     if len(idx) < 2:
-        raise InputError(source, key, f"{p}: at least two samples (got {len(idx)})")
+        raise InputError(source, key, f"{p}: at least two samples (it has {len(idx)})")
     return np.asarray(idx) * sample_s, np.asarray(freq)
 
 
 class FrequencyReplay:
-    """A measured trajectory replayed as an external deviation: dev(t) = f(t − start) − f(first sample).
+    """A measured trajectory replayed as the area's frequency: dev(t) = f(t − start) − nominal, the record itself.
 
-    Linear between samples, 0 before `start_s` and after the last sample.
+    Linear between samples. Outside the record the deviation relaxes to 0, first-order with `settle_tau_s`, from
+    the record's first sample (before `start_s`, backwards in time) and from its last (after it ends):
+
+        dev(t) = (f_first − nominal) · exp((t − start) / τ)      t < start
+        dev(t) = (f_last − nominal) · exp(−(t − end) / τ)        t > end
+
+    so the frequency is continuous at both edges (the record's own values, then no step of any size). Why not
+    the area model's own recovery: a deviation persists only while an imbalance holds it, and the single-area model
+    has primary response only; released at once, the imbalance holding the GB record's last 89 mHz would come back
+    through the governors in under half a second (2H / (D + 1/R) ≈ 0.5 s at the defaults) at 0.19 Hz/s, a RoCoF
+    above the event's own measured maximum (0.151 Hz/s). Secondary control takes an imbalance away over minutes,
+    and the area follows it within its sub-second lag: what the first-order return is. τ is an assumption
+    (DEFAULT_SETTLE_TAU_S).
     """
 
-    def __init__(self, t_s: FloatArray, freq_hz: FloatArray, start_s: float) -> None:
+    def __init__(
+        self,
+        t_s: FloatArray,
+        freq_hz: FloatArray,
+        start_s: float,
+        nominal_hz: float = 50.0,
+        settle_tau_s: float = DEFAULT_SETTLE_TAU_S,
+    ) -> None:
         t = np.asarray(t_s, dtype=np.float64)
         f = np.asarray(freq_hz, dtype=np.float64)
         if t.ndim != 1 or t.shape != f.shape or t.size < 2 or not bool(np.all(np.diff(t) > 0)):
             raise ValueError("t_s and freq_hz must be 1-D of equal length >= 2 with t_s increasing")
+        if not (settle_tau_s > 0 and math.isfinite(settle_tau_s)):
+            raise ValueError("settle_tau_s must be > 0 and finite")
         self.start_s = float(start_s)
+        self.nominal_hz = float(nominal_hz)
+        self.settle_tau_s = float(settle_tau_s)
         rel = t - t[0]
-        dev = f - f[0]
+        dev = f - self.nominal_hz
         self._rel: FloatArray = rel
         self._dev: FloatArray = dev
         self._rel_list: list[float] = rel.tolist()
@@ -221,9 +311,11 @@ class FrequencyReplay:
 
     def dev_hz(self, t_s: float) -> float:
         x = t_s - self.start_s
-        if x < 0.0 or x > self.duration_s:
-            return 0.0
         rel, dev = self._rel_list, self._dev_list
+        if x < 0.0:
+            return dev[0] * math.exp(x / self.settle_tau_s)
+        if x > self.duration_s:
+            return dev[-1] * math.exp((self.duration_s - x) / self.settle_tau_s)
         i = bisect_right(rel, x) - 1
         if i >= len(rel) - 1:
             return dev[-1]
@@ -231,8 +323,10 @@ class FrequencyReplay:
         return dev[i] + (x - t0) / (rel[i + 1] - t0) * (dev[i + 1] - dev[i])
 
     def dev_hz_array(self, t_s: FloatArray) -> FloatArray:
-        """dev_hz over an array of times (vectorised)."""
-        out: FloatArray = np.interp(np.asarray(t_s, dtype=np.float64) - self.start_s, self._rel, self._dev, 0.0, 0.0)
+        """dev_hz over an array of times (vectorised): the record held at its edges, times the relaxation."""
+        x = np.asarray(t_s, dtype=np.float64) - self.start_s
+        outside = np.minimum(x, 0.0) - np.maximum(x - self.duration_s, 0.0)  # <= 0: time beyond an edge, signed
+        out: FloatArray = np.interp(x, self._rel, self._dev) * np.exp(outside / self.settle_tau_s)
         return out
 
 
