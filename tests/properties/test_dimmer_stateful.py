@@ -399,3 +399,48 @@ def test_caps_climbing_back_after_curtailments_stop_within_one_rise_of_a_derated
         world.apply(act)
     assert act.planned_domain_w is not None
     assert act.planned_domain_w[1] <= obs.domain_limit_w[1]
+
+
+def test_a_rack_derated_under_its_draw_is_planned_within_its_rating_once_quiet() -> None:
+    """Found by the machine at 100x the CI's examples (issue #12): one row of two racks, one job, no battery;
+    `battery(online=False); swing(0.25); derate(r0/k0, 0.65625); swing(0.625); hold(10)` planned r0/k0 at
+    91,753 W against its derated 89,629 W (+ one rise, 1,320 W) while the controller reported no sheddable load left.
+
+    Replayed here step by step through the machine's own check (`check_actions`), and held on past its quiet window:
+    the rack, drawing ~91.8 kW at its caps against a rating of 89.6 kW, must be brought under it while its job can
+    still shed, and stay there.
+    """
+    site = small_site(rows=1, racks=2, n_jobs=1, bess_mw=0.0)
+    ctrl = make_controller("dimmer", site)
+    assert isinstance(ctrl, DimmerController)
+    world = World(site)
+    rack = site.domain_name.index("r0/k0")
+    prev_cap = np.full(site.n_racks, site.gpu.rated_w)
+
+    def step() -> Actions:
+        nonlocal prev_cap
+        obs = world.observe(1.0)
+        act = ctrl.step(obs)
+        check_actions(site, ctrl, obs, act, prev_cap, world.quiet_steps)
+        prev_cap = act.rack_cap_w.copy()
+        world.apply(act)
+        return act
+
+    def change() -> Actions:
+        world.quiet_steps = 0
+        return step()
+
+    world.bess_online = False
+    change()
+    world.demand_w[:] = 0.25 * site.gpu.rated_w
+    change()
+    world.derate[rack] = 0.65625
+    change()
+    world.demand_w[:] = 0.625 * site.gpu.rated_w
+    change()
+    for _ in range(3 * QUIET_STEPS):
+        act = step()
+    assert act.planned_domain_w is not None
+    limit_w = site.domain_rating_w[rack] * 0.65625
+    assert act.planned_domain_w[rack] <= limit_w * (1 + TOL)
+    assert np.all(act.rack_cap_w < site.gpu.rated_w)  # brought under by its caps, not by a lighter load
