@@ -21,6 +21,24 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 SCENARIOS = REPO / "scenarios"
 
+# the smallest scenario every loader test starts from: one job on two rows of four racks
+MINIMAL_SCENARIO = """
+name = "tiny"
+duration_s = 10
+[site.pcc]
+limit_mw = 2.0
+[[site.levels]]
+level = "row"
+count = 2
+rating_kw = 600
+[[site.levels]]
+level = "rack"
+count = 4
+[[jobs]]
+name = "j"
+gpus = 256
+"""
+
 
 @pytest.fixture
 def shared_data() -> Path:

@@ -24,22 +24,7 @@ from dimmer.outpath import remove_stale_stages
 from gridsim.cli import main
 from gridsim.scenario import MAX_RUN_BYTES, MAX_TICKS
 
-MINIMAL = """
-name = "tiny"
-duration_s = 10
-[site.pcc]
-limit_mw = 2.0
-[[site.levels]]
-level = "row"
-count = 2
-rating_kw = 600
-[[site.levels]]
-level = "rack"
-count = 4
-[[jobs]]
-name = "j"
-gpus = 256
-"""
+from .conftest import MINIMAL_SCENARIO as MINIMAL
 
 TRACE_JOB = MINIMAL.replace("gpus = 256", 'gpus = 256\nkind = "trace"\ntrace_path = "trace.csv"')
 REPLAY = MINIMAL + '[[events]]\nkind = "frequency_replay"\nat_s = 1\npath = "freq.csv"\n'

@@ -9,26 +9,10 @@ from gridsim.cli import main
 from gridsim.scenario import apply_overrides, load_scenario, parse_override
 from tests.conftest import skip_without_shared_data
 
+from .conftest import MINIMAL_SCENARIO as MINIMAL
 from .conftest import SCENARIOS
 
 LIBRARY = sorted(SCENARIOS.glob("*.toml"))
-
-MINIMAL = """
-name = "tiny"
-duration_s = 10
-[site.pcc]
-limit_mw = 2.0
-[[site.levels]]
-level = "row"
-count = 2
-rating_kw = 600
-[[site.levels]]
-level = "rack"
-count = 4
-[[jobs]]
-name = "j"
-gpus = 256
-"""
 
 
 def _write(tmp_path: Path, text: str) -> Path:
