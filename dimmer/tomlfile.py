@@ -7,6 +7,7 @@ document, and a deeper one ended in a RecursionError traceback.
 
 from __future__ import annotations
 
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,8 @@ def loads_toml(text: str, source: str, key: str = "(syntax)") -> dict[str, Any]:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InputError(source, key, f"valid TOML ({exc})") from None
+    except ValueError:  # an integer past Python's digit limit: tomllib raises a bare ValueError, not its own
+        raise InputError(source, key, f"numbers of at most {sys.get_int_max_str_digits()} digits") from None
     except RecursionError:  # the parser itself recurses per nesting level
         raise InputError(source, key, f"TOML nested at most {MAX_TOML_DEPTH} tables or arrays deep") from None
     if toml_depth(doc) > MAX_TOML_DEPTH:

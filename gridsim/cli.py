@@ -3,20 +3,58 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from dimmer.argtypes import whole
 from dimmer.errors import DimmerError, InputError
 from dimmer.outpath import out_dir_arg
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        # argparse prints usage and exits 2; keep the status, make the message one line.
-        sys.stderr.write(f"gridsim: {message}\n")
+        # argparse prints usage and exits 2; keep the status, make the message one line, the option first
+        sys.stderr.write(f"gridsim: {message.removeprefix('argument ')}\n")
         raise SystemExit(2)
+
+
+SEED_MAX = 2**63 - 1  # as `dimmer run --sim` and `gridsim serve`: one int64 in every output that records it
+MAX_WORKERS = 4096
+DASK_SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")
+_HOSTNAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]{0,251}[A-Za-z0-9_])?")
+
+
+def dask_address(text: str) -> str:
+    """argparse type of --dask: `[SCHEME://]HOST[:PORT]` as dask.distributed takes it, checked before a Client is
+    made: a malformed one ('::::') hung 20 s in the Client's cleanup and printed a traceback after the error."""
+    expected = (
+        f"a scheduler address [SCHEME://]HOST[:PORT] (SCHEME one of {', '.join(DASK_SCHEMES)}; an IPv6 HOST in "
+        f"brackets; PORT 1..65535)"
+    )
+    scheme, sep, rest = text.strip().partition("://")
+    if not sep:
+        scheme, rest = "tcp", scheme
+    host, port = rest, ""
+    if rest.startswith("["):
+        host, _, after = rest[1:].partition("]")
+        if after and not after.startswith(":"):
+            raise argparse.ArgumentTypeError(expected)
+        port = after[1:]
+        try:
+            ok = ipaddress.ip_address(host).version == 6
+        except ValueError:
+            ok = False
+    else:
+        host, _, port = rest.partition(":")
+        ok = bool(_HOSTNAME.fullmatch(host))
+    port_ok = not port or (port.isdigit() and len(port) <= 5 and 1 <= int(port) <= 65535)
+    if scheme not in DASK_SCHEMES or not ok or not port_ok or (rest.endswith(":") and not port):
+        raise argparse.ArgumentTypeError(expected)
+    return text.strip()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,7 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("scenario", type=Path)
     run.add_argument("--controller", help="controller name (default: the scenario's)")
     run.add_argument("--out", type=out_dir_arg, help="output directory (default: out/<scenario>-<controller>)")
-    run.add_argument("--seed", type=int, help="random seed (default: the scenario's)")
+    run.add_argument("--seed", type=whole(0, SEED_MAX, what="a random seed"),
+                     help="random seed, 0 to 2^63-1 (default: the scenario's)")  # fmt: skip
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="override a scenario key, e.g. --set duration_s=600 --set jobs[0].gpus=4096")  # fmt: skip
     run.add_argument("--quiet", action="store_true", help="print nothing but errors")
@@ -37,7 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     cmp.add_argument("scenario", type=Path)
     cmp.add_argument("--out", type=out_dir_arg, help="output directory (default: out/<scenario>-compare)")
     cmp.add_argument("--controllers", metavar="A,B,...", help="controllers to run, in this order (default: all)")
-    cmp.add_argument("--seed", type=int, help="random seed, the same for every controller (default: the scenario's)")
+    cmp.add_argument("--seed", type=whole(0, SEED_MAX, what="a random seed"),
+                     help="random seed, 0 to 2^63-1, the same for every controller (default: the "
+                     "scenario's)")  # fmt: skip
     cmp.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="override a scenario key, e.g. --set duration_s=600")  # fmt: skip
     cmp.add_argument("--quiet", action="store_true", help="print nothing but errors")
@@ -46,8 +87,11 @@ def _parser() -> argparse.ArgumentParser:
                          "write results.csv/.parquet, a figure per metric and sweep.md")  # fmt: skip
     swp.add_argument("sweep", type=Path, help="the sweep file (TOML): scenario, set, [grid]")
     swp.add_argument("--out", type=out_dir_arg, help="output directory (default: out/<sweep>-sweep); a re-run resumes")
-    swp.add_argument("--dask", metavar="ADDRESS", help="submit the runs to the dask.distributed scheduler at ADDRESS")
-    swp.add_argument("--workers", type=int, help="local worker processes (default: every core)")
+    swp.add_argument("--dask", metavar="ADDRESS", type=dask_address,
+                     help="submit the runs to the dask.distributed scheduler at ADDRESS "
+                     "([SCHEME://]HOST[:PORT])")  # fmt: skip
+    swp.add_argument("--workers", type=whole(1, MAX_WORKERS, what="a number of processes"),
+                     help=f"local worker processes, 1 to {MAX_WORKERS} (default: every core)")  # fmt: skip
     swp.add_argument("--quiet", action="store_true", help="print nothing but errors")
 
     val = sub.add_parser("validate", help="check a scenario file and say what it describes")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -255,6 +256,8 @@ def parse_override(text: str, source: str = "--set") -> tuple[list[str | int], A
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw.strip()
+    except ValueError:  # an integer past Python's digit limit: tomllib raises a bare ValueError, a traceback here
+        raise InputError(source, key, f"a number of at most {sys.get_int_max_str_digits()} digits") from None
     except RecursionError:  # the parser recurses per nesting level
         raise InputError(source, key, f"a value nested at most {MAX_TOML_DEPTH} tables or arrays deep") from None
     if toml_depth(value) + len(path) > MAX_TOML_DEPTH:

@@ -279,8 +279,9 @@ def test_bad_sweep_file_exits_2_naming_the_key_and_writes_nothing(
 
 
 def test_bad_arguments_exit_2(sweep_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["sweep", str(sweep_file), "--out", str(tmp_path / "o"), "--workers", "0"]) == 2
-    assert "--workers" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:  # out of its range (1..4096): refused as it is parsed
+        main(["sweep", str(sweep_file), "--out", str(tmp_path / "o"), "--workers", "0"])
+    assert info.value.code == 2 and "--workers" in capsys.readouterr().err
     assert main(["sweep", str(tmp_path / "none.toml"), "--out", str(tmp_path / "o")]) == 2
     assert "an existing sweep file" in capsys.readouterr().err
     assert main(["sweep", str(sweep_file), "--out", str(tmp_path / "o"), "--dask", "x", "--workers", "2"]) == 2
