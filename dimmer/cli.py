@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import signal
 import sys
@@ -23,8 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from dimmer import __version__
+from dimmer.argtypes import real, whole
+from dimmer.daemon.agent import LEASE_MAX_S
+from dimmer.daemon.netguard import IDLE_TIMEOUT_S, MAX_CONNECTIONS
 from dimmer.errors import DimmerError, InputError, ListenError
 from dimmer.outpath import check_out_dir, out_dir_arg, writing
+from dimmer.siteconfig import MAX_GPUS_PER_RACK
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SCENARIO = REPO / "scenarios" / "swing-8k.toml"
@@ -32,11 +37,23 @@ DEFAULT_SCENARIO = REPO / "scenarios" / "swing-8k.toml"
 # (10x leaves a 100 ms wall period for a ~30 ms cycle: room for a busy machine; 20x works on an idle one.)
 DEFAULT_SIM_DURATION_S = 600.0
 DEFAULT_SIM_SPEED = 10.0
+# --speed of `run --sim`: below 0.01x a request's timeout (half a wall period) passes the bus's 30 s limit; above
+# 100x the wall period (10 ms at a 1 s control period) is shorter than a daemon cycle, and the daemon falls behind
+SIM_SPEED_RANGE = (0.01, 100.0)
+SEED_MAX = 2**63 - 1  # numpy takes any size; this keeps a seed one int64 in every output that records it
+# `dimmer agent`'s ranges (docs/daemon.md). The period: 10 ms is already a busy NVML poll, and an hour is past any
+# lease worth having. A safe cap of 10 kW and 1 MW of host overhead are far past any GPU or host: bounds that keep
+# NaN, inf and typos out, the GPU's own settable range is checked once the GPUs are open.
+AGENT_PERIOD_RANGE_S = (0.01, 3600.0)
+FIRST_RACK_MAX = 0xFFFFFFFF - 1  # the map's first_rack is a uint32, 0xFFFFFFFF reserved
+SAFE_CAP_MAX_W = 10_000.0
+OVERHEAD_MAX_W = 1e6
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        sys.stderr.write(f"dimmer: {message}\n")
+        # one line, option first, as an InputError reads: "dimmer: --period-s: a number of seconds in ..."
+        sys.stderr.write(f"dimmer: {message.removeprefix('argument ')}\n")
         raise SystemExit(2)
 
 
@@ -58,11 +75,15 @@ def _parser() -> argparse.ArgumentParser:
                      f"{DEFAULT_SIM_SPEED:g}x)")  # fmt: skip
     run.add_argument("--dry-run", action="store_true", help="read and decide, never write")
     run.add_argument(
-        "--speed", type=float, help=f"--sim: plant seconds per wall second (default {DEFAULT_SIM_SPEED:g})"
+        "--speed",
+        type=real(*SIM_SPEED_RANGE, what="plant seconds per wall second"),
+        help=f"--sim: plant seconds per wall second, {SIM_SPEED_RANGE[0]:g} to {SIM_SPEED_RANGE[1]:g} "
+        f"(default {DEFAULT_SIM_SPEED:g})",
     )
     run.add_argument("--out", type=out_dir_arg, help="--sim: output directory (default out/<scenario>-daemon)")
     run.add_argument("--controller", help="--sim: controller name (default dimmer)")
-    run.add_argument("--seed", type=int, help="--sim: random seed (default: the scenario's)")
+    run.add_argument("--seed", type=whole(0, SEED_MAX, what="a random seed"),
+                     help="--sim: random seed, 0 to 2^63-1 (default: the scenario's)")  # fmt: skip
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="--sim: override a scenario key, e.g. --set duration_s=600")  # fmt: skip
     run.add_argument("--metrics", metavar="HOST:PORT", help="--sim: serve Prometheus metrics here (default: none)")
@@ -74,28 +95,47 @@ def _parser() -> argparse.ArgumentParser:
     ag = sub.add_parser("agent", help="serve this host's GPU power limits as a dimmer-rack-v1 cap device")
     gpus = ag.add_mutually_exclusive_group()
     gpus.add_argument("--nvml", action="store_true", help="the GPUs NVML sees (default)")
-    gpus.add_argument("--sim-gpus", type=int, metavar="N", help="N simulated GPUs (no hardware; for demos and tests)")
-    ag.add_argument("--gpu-index", type=int, action="append", metavar="I", help="only these NVML GPU indices")
+    gpus.add_argument("--sim-gpus", type=whole(1, MAX_GPUS_PER_RACK, what="a number of GPUs (one rack's)"),
+                      metavar="N", help=f"N simulated GPUs, 1 to {MAX_GPUS_PER_RACK} (no hardware; for demos and "
+                      "tests)")  # fmt: skip
+    ag.add_argument("--gpu-index", type=whole(0, MAX_GPUS_PER_RACK - 1, what="an NVML GPU index"), action="append",
+                    metavar="I", help="only these NVML GPU indices (not with --sim-gpus)")  # fmt: skip
     ag.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; see docs/daemon.md)")
-    ag.add_argument("--port", type=int, default=5020, help="TCP port (default 5020; 0 picks a free one)")
+    ag.add_argument("--port", type=whole(0, 65535, what="a TCP port"), default=5020,
+                    help="TCP port (default 5020; 0 picks a free one)")  # fmt: skip
     ag.add_argument("--allow", action="append", default=[], metavar="ADDR[/PREFIX]",
                     help="also accept connections from this address or network, e.g. the controller's "
                     "(repeatable; loopback is always accepted unless --no-loopback; any other client is "
                     "disconnected unread)")  # fmt: skip
     ag.add_argument("--no-loopback", action="store_true",
                     help="refuse loopback clients too (only the --allow addresses may connect)")  # fmt: skip
-    ag.add_argument("--unit", type=int, default=1, help="Modbus unit id (default 1)")
-    ag.add_argument("--first-rack", type=int, default=0, help="the rack index this host is in the site config")
-    ag.add_argument("--period-s", type=float, default=1.0, help="refresh and lease check period (default 1 s)")
+    ag.add_argument("--unit", type=whole(1, 247, what="a Modbus unit id"), default=1, help="Modbus unit id (default 1)")
+    ag.add_argument("--first-rack", type=whole(0, FIRST_RACK_MAX, what="a rack index"), default=0,
+                    help="the rack index this host is in the site config (default 0)")  # fmt: skip
+    ag.add_argument("--period-s", type=real(*AGENT_PERIOD_RANGE_S, what="a number of seconds"), default=1.0,
+                    help=f"refresh and lease check period, {AGENT_PERIOD_RANGE_S[0]:g} to "
+                    f"{AGENT_PERIOD_RANGE_S[1]:g} s (default 1 s)")  # fmt: skip
     lease = ag.add_mutually_exclusive_group()
-    lease.add_argument("--lease-periods", type=int, metavar="N",
+    lease.add_argument("--lease-periods", type=whole(1, 86400, what="a number of periods"), metavar="N",
                        help="fall back to the safe cap after N periods without a write (default 10)")  # fmt: skip
-    lease.add_argument("--lease-s", type=float, metavar="S",
-                       help="the same lease in seconds (at least one period, at most 86400)")  # fmt: skip
+    lease.add_argument("--lease-s", type=real(0.0, LEASE_MAX_S, lo_open=True, what="a number of seconds"),
+                       metavar="S", help="the same lease in seconds (at least one period, at most 86400)")  # fmt: skip
     cap = ag.add_mutually_exclusive_group()
-    cap.add_argument("--safe-cap-w", type=float, help="the safe per-GPU cap in W")
-    cap.add_argument("--safe-cap-frac", type=float, default=0.6, help="the safe cap as a fraction of max (0.6)")
-    ag.add_argument("--overhead-w", type=float, default=0.0, help="host power beyond the GPUs, added to power_w")
+    cap.add_argument("--safe-cap-w", type=real(0.0, SAFE_CAP_MAX_W, lo_open=True, what="a number of watts"),
+                     help="the safe per-GPU cap in W (within every GPU's settable range)")  # fmt: skip
+    cap.add_argument("--safe-cap-frac", type=real(0.0, 1.0, lo_open=True, what="a fraction"), default=0.6,
+                     help="the safe cap as a fraction of max (0.6)")  # fmt: skip
+    ag.add_argument("--overhead-w", type=real(0.0, OVERHEAD_MAX_W, what="a number of watts"), default=0.0,
+                    help=f"host power beyond the GPUs, added to power_w, 0 to {OVERHEAD_MAX_W:g} W "
+                    "(default 0)")  # fmt: skip
+    ag.add_argument("--max-connections", type=whole(1, 10_000, what="a number of connections"),
+                    default=MAX_CONNECTIONS,
+                    help=f"Modbus connections served at once, 1 to 10000; one more closes the longest-silent "
+                    f"connection of the client holding the most (default {MAX_CONNECTIONS})")  # fmt: skip
+    ag.add_argument("--idle-timeout-s", type=real(0.0, 86_400.0, lo_open=True, what="a number of seconds"),
+                    default=IDLE_TIMEOUT_S,
+                    help=f"close a connection silent this long, at most 86400 s (default {IDLE_TIMEOUT_S:g} s; "
+                    "keep it above the controller's period)")  # fmt: skip
     return p
 
 
@@ -143,7 +183,7 @@ def sim_config(
     host, port = device_map["host"], int(device_map["port"])
     period_s = float(scenario.engine.control_period_s)
     # a request's timeout (wall seconds): a good part of the wall period, never below what a busy loopback needs
-    timeout_s = max(0.5 * period_s / speed, 0.1)
+    timeout_s = min(max(0.5 * period_s / speed, 0.1), 10.0)
     devices: list[dict[str, Any]] = []
     kinds = {"sunspec-meter": "meter", "sunspec-battery": "battery", "rack": "racks", "site": "site"}
     for d in device_map["devices"]:
@@ -226,8 +266,16 @@ async def start_plant_server(
 
     A process of its own: the plant and its Modbus server get a core and an interpreter lock of their own, so the
     daemon here is timed as it would be against real equipment. Its log goes to out_dir/serve.log.
+
+    The child dies with this process: its stdin is a pipe whose only write end is here (never written), and with
+    --stop-when-stdin-closes it stops, writing no outputs, when that pipe reads end-of-file. The kernel closes the
+    pipe however this process ends (SIGKILL included), on Linux and macOS alike, and there is no window in which a
+    death goes unseen (the pipe exists before the child does). PR_SET_PDEATHSIG was the other candidate: Linux only,
+    it fires when the forking *thread* ends rather than the process, and it needs a getppid() re-check for a parent
+    that died before the child called prctl.
     """
     args = [str(scenario_path), "--host", "127.0.0.1", "--port", "0", "--speed", repr(speed), "--out", str(out_dir)]
+    args.append("--stop-when-stdin-closes")
     if seed is not None:
         args += ["--seed", str(seed)]
     for o in overrides:
@@ -235,7 +283,13 @@ async def start_plant_server(
     log_file = (out_dir / "serve.log").open("wb")
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", SERVE_CODE, *args, stdout=asyncio.subprocess.PIPE, stderr=log_file
+            sys.executable,
+            "-c",
+            SERVE_CODE,
+            *args,
+            stdin=asyncio.subprocess.PIPE,  # the lifeline (above); close_fds keeps it out of any other child
+            stdout=asyncio.subprocess.PIPE,
+            stderr=log_file,
         )
     finally:
         log_file.close()
@@ -253,6 +307,25 @@ async def start_plant_server(
     return proc, json.loads(line)
 
 
+# why a `run --sim` daemon stopped (daemon.json "end"): only PLANT_ENDED is a run controlled to its end
+PLANT_ENDED = "plant ended"
+PLANT_EXITED = "plant exited before its end"
+STOPPED = "stopped"  # a signal (SIGTERM, SIGINT) or the daemon's own error
+SIM_FILES = ("audit.jsonl", "state.json", "summary.json", "daemon.json", "serve.json")
+
+
+async def _plant_end(proc: asyncio.subprocess.Process) -> tuple[str, float | None]:
+    """Read the plant's stdout (after its device map) until it says its run ended (and at what plant time), or
+    closes (it exited)."""
+    assert proc.stdout is not None
+    while line := await proc.stdout.readline():
+        with contextlib.suppress(ValueError, AttributeError):
+            said = json.loads(line)
+            if said.get("event") == "ended":
+                return PLANT_ENDED, float(said["t_s"])
+    return PLANT_EXITED, None
+
+
 async def run_sim(
     scenario_path: Path,
     overrides: list[str],
@@ -267,25 +340,39 @@ async def run_sim(
     install_signals: bool = True,
 ) -> dict[str, Any]:
     """Serve the scenario's plant on a free loopback port, run the daemon against it until the scenario ends;
-    return the plant's summary (also in out_dir/summary.json) plus the daemon's cycle statistics."""
+    return the plant's summary (also in out_dir/summary.json) plus the daemon's cycle statistics and `out_dir`.
+
+    Every run starts fresh: the previous run's results in `out_dir` (SIM_FILES) are removed first, so the daemon
+    restores no state and starts a new audit log. The plant starts over at t = 0, so a previous run's controller
+    state would describe a plant that no longer exists: there is nothing to resume.
+
+    The plant says on its stdout when its run has ended (before it spends seconds writing its outputs): the daemon
+    stops then, cleanly, instead of reading frozen registers until it takes every device for stale."""
     from dimmer.control import controller_names
     from dimmer.daemon.config import validate_config
     from dimmer.daemon.loop import Daemon
     from gridsim.scenario import load_scenario
 
+    log = logging.getLogger("dimmer.sim")
     if controller not in controller_names():
         raise InputError("--controller", "controller", f"one of {', '.join(controller_names())}")
-    if not math.isfinite(speed) or speed <= 0:
-        raise InputError("--speed", "speed", "a positive number")
+    lo, hi = SIM_SPEED_RANGE
+    if not (math.isfinite(speed) and lo <= speed <= hi):
+        raise InputError("--speed", "speed", f"plant seconds per wall second in [{lo:g}, {hi:g}] (got {speed!r})")
     loaded = load_scenario(scenario_path, overrides)  # bad input is reported here, before anything starts
-    out = out_dir or Path("out") / f"{loaded.scenario.name}-daemon"
-    check_out_dir(out)  # before the plant starts: an unusable one was found only when the first file was opened
+    given = out_dir or Path("out") / f"{loaded.scenario.name}-daemon"
+    check_out_dir(given)  # before the plant starts: an unusable one was found only when the first file was opened
+    # Resolved once, here: every path below is absolute. The daemon config resolves a relative file against its
+    # base directory (this one), and a relative `out` put the audit and state in out/<name>/out/<name>/.
+    out = given.resolve()
     with writing(out):
         out.mkdir(parents=True, exist_ok=True)
-        for stale in ("audit.jsonl", "state.json", "summary.json"):  # a new run starts fresh
+        for stale in SIM_FILES:  # a new run starts fresh (above)
             (out / stale).unlink(missing_ok=True)
     proc, device_map = await start_plant_server(scenario_path, overrides, speed=speed, out_dir=out, seed=seed)
     daemon: Daemon | None = None
+    plant: asyncio.Task[tuple[str, float | None]] | None = None
+    end = STOPPED
     try:
         raw = sim_config(loaded.scenario, device_map, controller, out, speed)
         cfg = validate_config(raw, f"{scenario_path} (served)", out)
@@ -293,11 +380,23 @@ async def run_sim(
         if install_signals:
             daemon.install_signal_handlers()
         run = asyncio.create_task(daemon.run())
-        ended = asyncio.create_task(proc.wait())
-        await asyncio.wait({run, ended}, return_when=asyncio.FIRST_COMPLETED)
+        plant = asyncio.create_task(_plant_end(proc))
+        await asyncio.wait({run, plant}, return_when=asyncio.FIRST_COMPLETED)
+        if plant.done():
+            end, plant_t_s = plant.result()
+            t_s = plant_t_s if plant_t_s is not None else daemon.last.obs.t_s if daemon.last is not None else 0.0
+            # the daemon's last word in its audit, before its stop: why it stopped
+            daemon.audit.write({"event": "plant_ended" if end == PLANT_ENDED else "plant_exited", "t_s": round(t_s, 3)})
+            log.info("%s at t = %g s: stopping the daemon", end, t_s)
         daemon.request_stop(write_safe=False)  # the plant has ended (or we were told to stop): nothing to make safe
         await run
+        if end == PLANT_ENDED:
+            # it is writing its outputs now: wait for them (generously: the figures of a long run take a while)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), timeout=600.0)
     finally:
+        if plant is not None:
+            plant.cancel()
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.terminate()
@@ -307,7 +406,9 @@ async def run_sim(
     summary_path = out / "summary.json"
     summary: dict[str, Any] = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     cyc = sorted(daemon.cycle_s.values().tolist())
+    last = daemon.last
     stats = {
+        "end": end,
         "daemon_cycles": daemon.n_cycles,
         "daemon_overruns": daemon.n_overruns,
         "daemon_cycle_ms_p50": round(cyc[len(cyc) // 2] * 1e3, 2) if cyc else None,
@@ -315,11 +416,14 @@ async def run_sim(
         "daemon_cycle_ms_max": round(cyc[-1] * 1e3, 2) if cyc else None,
         "daemon_writes": daemon.n_writes,
         "daemon_speed_x": speed,
+        # how the last cycle found the devices: at a normal end, as fresh as during the run
+        "last_cycle_mode": last.mode.value if last is not None else None,
+        "stale_at_end": [h.name for h in daemon.handles if h.stuck],
         "plant_exit_status": proc.returncode,
     }
     with writing(out / "daemon.json"):
         (out / "daemon.json").write_text(json.dumps(stats, indent=2) + "\n")
-    return {**summary, **stats}
+    return {**summary, **stats, "out_dir": str(out)}
 
 
 def _cmd_run_sim(args: argparse.Namespace) -> int:
@@ -336,8 +440,6 @@ def _cmd_run_sim(args: argparse.Namespace) -> int:
             metrics = parse_address(args.metrics)
         except ValueError as exc:
             raise InputError("--metrics", "metrics", str(exc)) from None
-    if args.seed is not None and args.seed < 0:
-        raise InputError("--seed", "seed", "a non-negative integer")
     status = None if args.quiet else StatusLine()
     summary = asyncio.run(
         run_sim(
@@ -356,8 +458,11 @@ def _cmd_run_sim(args: argparse.Namespace) -> int:
             "goodput_pct", "daemon_cycles", "daemon_overruns", "daemon_cycle_ms_p50",
             "daemon_cycle_ms_p99")  # fmt: skip
     print(json.dumps({k: summary.get(k) for k in keys}))
-    out = args.out or Path("out") / f"{summary.get('scenario', 'sim')}-daemon"
-    print(f"wrote {out}/summary.json, audit.jsonl, daemon.json")
+    print(f"wrote {summary['out_dir']}/summary.json, audit.jsonl, daemon.json")
+    end, status_code = summary["end"], summary["plant_exit_status"]
+    if end == PLANT_EXITED or (end == PLANT_ENDED and status_code != 0):  # a stop we were asked for is no failure
+        sys.stderr.write(f"dimmer: {end} (exit status {status_code}): see {summary['out_dir']}/serve.log\n")
+        return 1
     return 0
 
 
@@ -365,22 +470,17 @@ def _cmd_run_sim(args: argparse.Namespace) -> int:
 
 
 def _agent_lease_s(args: argparse.Namespace) -> float:
-    """`dimmer agent`'s own lease in seconds, from --lease-s or --lease-periods x --period-s (validated)."""
-    if not (math.isfinite(args.period_s) and args.period_s > 0):
-        raise InputError("--period-s", "period_s", f"a positive number of seconds (got {args.period_s!r})")
+    """`dimmer agent`'s own lease in seconds, from --lease-s or --lease-periods x --period-s: each option's range is
+    checked when it is parsed; what two of them give together is checked here."""
     if args.lease_s is not None:
         opt, key, lease_s = "--lease-s", "lease_s", float(args.lease_s)
-        if not (math.isfinite(lease_s) and lease_s > 0):
-            raise InputError(opt, key, f"a positive number of seconds (got {lease_s!r})")
     else:
         periods = 10 if args.lease_periods is None else args.lease_periods
-        if periods < 1:
-            raise InputError("--lease-periods", "lease_periods", f"at least 1 (got {periods})")
         opt, key, lease_s = "--lease-periods", "lease_periods", periods * args.period_s
     if lease_s < args.period_s:
         raise InputError(opt, key, f"a lease of at least one period ({args.period_s:g} s; got {lease_s:g} s)")
-    if lease_s > 86400.0:
-        raise InputError(opt, key, f"a lease of at most 86400 s, the map's range (got {lease_s:g} s)")
+    if lease_s > LEASE_MAX_S:
+        raise InputError(opt, key, f"a lease of at most {LEASE_MAX_S:g} s, the map's range (got {lease_s:g} s)")
     return lease_s
 
 
@@ -397,35 +497,23 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     import logging
 
     from dimmer.daemon.agent import AllowList, CapAgent
+    from dimmer.daemon.netguard import ConnectionLimits
     from dimmer.daemon.nvml import GpuBackend, NvmlGpus, SimulatedGpus
-    from dimmer.siteconfig import MAX_GPUS_PER_RACK
 
-    if not 1 <= args.unit <= 247:
-        raise InputError("--unit", "unit", "a Modbus unit id in 1..247")
-    if not 0 <= args.port <= 65535:
-        raise InputError("--port", "port", "a TCP port in 0..65535")
+    # every number's own range was checked as it was parsed (dimmer.argtypes); here what options give together
     lease_s = _agent_lease_s(args)
-    if not 0 <= args.first_rack < 0xFFFFFFFF:
-        raise InputError("--first-rack", "first_rack", f"a rack index in 0..{0xFFFFFFFF - 1} (got {args.first_rack})")
-    if not (math.isfinite(args.overhead_w) and args.overhead_w >= 0):
-        raise InputError("--overhead-w", "overhead_w", f"a number of watts >= 0 (got {args.overhead_w!r})")
-    if args.safe_cap_w is None and not (math.isfinite(args.safe_cap_frac) and 0 < args.safe_cap_frac <= 1):
-        raise InputError("--safe-cap-frac", "safe_cap_frac", f"a fraction in (0, 1] (got {args.safe_cap_frac!r})")
+    limits = ConnectionLimits(args.max_connections, args.idle_timeout_s)
     try:
         allow = AllowList.parse(args.allow, loopback=not args.no_loopback)
     except ValueError as exc:
         raise InputError("--allow", "allow", str(exc)) from None
     if not allow.networks:
         raise InputError("--no-loopback", "allow", "at least one --allow address too (else no client may connect)")
-    if args.sim_gpus is not None and (not 1 <= args.sim_gpus <= MAX_GPUS_PER_RACK or args.gpu_index):
-        raise InputError(
-            "--sim-gpus",
-            "sim_gpus",
-            f"1 to {MAX_GPUS_PER_RACK} GPUs (an agent serves one rack), and no --gpu-index (that is for NVML)",
-        )
-    if args.gpu_index and (min(args.gpu_index) < 0 or len(set(args.gpu_index)) != len(args.gpu_index)):
-        raise InputError("--gpu-index", "gpu_index", f"distinct GPU indices >= 0 (got {args.gpu_index})")
-    gpus: GpuBackend = SimulatedGpus(args.sim_gpus) if args.sim_gpus else NvmlGpus(args.gpu_index)
+    if args.sim_gpus is not None and args.gpu_index:
+        raise InputError("--sim-gpus", "sim_gpus", "no --gpu-index with simulated GPUs (--gpu-index picks NVML GPUs)")
+    if args.gpu_index and len(set(args.gpu_index)) != len(args.gpu_index):
+        raise InputError("--gpu-index", "gpu_index", f"distinct GPU indices (got {args.gpu_index})")
+    gpus: GpuBackend = SimulatedGpus(args.sim_gpus) if args.sim_gpus is not None else NvmlGpus(args.gpu_index)
     lo, hi = gpus.constraints_w()
     safe = args.safe_cap_w if args.safe_cap_w is not None else args.safe_cap_frac * float(hi.max())
     if not float(lo.max()) <= safe <= float(hi.min()):
@@ -445,6 +533,7 @@ def _cmd_agent(args: argparse.Namespace) -> int:
             unit=args.unit,
             overhead_w=args.overhead_w,
             allow=allow,
+            limits=limits,
         )
     except BaseException:
         gpus.close()

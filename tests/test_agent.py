@@ -275,7 +275,7 @@ BAD_AGENT_ARGS = [
     (["--lease-s", "90000"], "--lease-s: "),  # past the map's 86400 s
     (["--lease-periods", "0"], "--lease-periods: "),
     (["--lease-periods", "-2"], "--lease-periods: "),
-    (["--period-s", "10000", "--lease-periods", "10"], "--lease-periods: "),  # 100000 s
+    (["--period-s", "3600", "--lease-periods", "30"], "--lease-periods: "),  # 108000 s
     (["--overhead-w", "nan"], "--overhead-w: "),
     (["--overhead-w", "-1"], "--overhead-w: "),
     (["--first-rack", "-1"], "--first-rack: "),
@@ -283,6 +283,27 @@ BAD_AGENT_ARGS = [
     (["--allow", "10.20.0.5/24"], "--allow: "),
     (["--no-loopback"], "--no-loopback: "),
     (["--gpu-index", "0"], "--sim-gpus: "),
+    # issue 12 item 10: every number finite and in its documented range, refused as it is parsed
+    (["--period-s", "nan"], "--period-s: "),
+    (["--period-s", "inf"], "--period-s: "),
+    (["--period-s", "0.001"], "--period-s: "),
+    (["--overhead-w", "inf"], "--overhead-w: "),
+    (["--overhead-w", "2e6"], "--overhead-w: "),
+    (["--first-rack", "4294967295"], "--first-rack: "),
+    (["--unit", "0"], "--unit: "),
+    (["--unit", "248"], "--unit: "),
+    (["--port", "65536"], "--port: "),
+    (["--port", "9" * 5000], "--port: "),
+    (["--safe-cap-w", "nan"], "--safe-cap-w: "),
+    (["--safe-cap-frac", "inf"], "--safe-cap-frac: "),
+    (["--lease-periods", "1e3"], "--lease-periods: "),
+    (["--max-connections", "0"], "--max-connections: "),
+    (["--max-connections", "10001"], "--max-connections: "),
+    (["--max-connections", "nan"], "--max-connections: "),
+    (["--idle-timeout-s", "0"], "--idle-timeout-s: "),
+    (["--idle-timeout-s", "nan"], "--idle-timeout-s: "),
+    (["--idle-timeout-s", "inf"], "--idle-timeout-s: "),
+    (["--idle-timeout-s", "86401"], "--idle-timeout-s: "),
 ]
 
 
@@ -290,7 +311,11 @@ BAD_AGENT_ARGS = [
 def test_agent_command_line_bad_input(extra: list[str], prefix: str, capsys: pytest.CaptureFixture[str]) -> None:
     from dimmer.cli import main
 
-    assert main(["agent", "--sim-gpus", "2", "--port", "0", *extra]) == 2
+    try:
+        code = main(["agent", "--sim-gpus", "2", "--port", "0", *extra])
+    except SystemExit as exc:  # a number out of its range is refused as it is parsed, as argparse refuses
+        code = exc.code
+    assert code == 2
     err = capsys.readouterr().err
     assert err.startswith("dimmer: " + prefix) and err.count("\n") == 1, err
 
@@ -316,3 +341,29 @@ def test_agent_command_line_lease_options_are_exclusive(capsys: pytest.CaptureFi
     with pytest.raises(SystemExit) as info:
         main(["agent", "--sim-gpus", "2", "--lease-s", "5", "--lease-periods", "5"])
     assert info.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+def test_agent_connection_limits_reach_its_modbus_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--max-connections and --idle-timeout-s (default 32 and 120 s) are the agent's server's limits."""
+    import dimmer.daemon.agent as agent_mod
+    from dimmer.cli import main
+    from dimmer.daemon.netguard import ConnectionLimits
+
+    seen: list[ConnectionLimits | None] = []
+
+    class Stop(Exception):
+        pass
+
+    def fake(gpus: Any, **kw: Any) -> None:
+        seen.append(kw.get("limits"))
+        raise Stop
+
+    monkeypatch.setattr(agent_mod, "CapAgent", fake)
+    cases = [
+        ([], ConnectionLimits(32, 120.0)),
+        (["--max-connections", "4", "--idle-timeout-s", "7.5"], ConnectionLimits(4, 7.5)),
+    ]
+    for extra, want in cases:
+        with pytest.raises(Stop):
+            main(["agent", "--sim-gpus", "2", "--port", "0", *extra])
+        assert seen[-1] == want

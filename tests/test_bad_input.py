@@ -7,6 +7,8 @@ nothing written.
 7: output paths are checked before anything runs; a write that fails is one line; a killed run's staging directory
    is removed by the next run.
 9: names that would leave out/ or carry control characters are refused at load; a trace error never echoes the file.
+10: every numeric option of both command lines is finite and in its documented range, refused as it is parsed
+   (`dimmer agent`'s are in tests/test_agent.py); `--set` with a 5,000-digit value, `--dask '::::'` likewise.
 """
 
 from __future__ import annotations
@@ -347,8 +349,96 @@ def test_agent_sim_gpus_is_bounded_by_a_rack(capsys: pytest.CaptureFixture[str])
     from dimmer.siteconfig import MAX_GPUS_PER_RACK
 
     for n in (0, MAX_GPUS_PER_RACK + 1, 1_000_000_000):
-        assert dimmer_main(["agent", "--sim-gpus", str(n), "--port", "0"]) == 2
-        assert f"--sim-gpus: sim_gpus: 1 to {MAX_GPUS_PER_RACK} GPUs" in _one_line(capsys)
+        with pytest.raises(SystemExit) as info:  # refused as it is parsed (item 10): 0 no longer means NVML
+            dimmer_main(["agent", "--sim-gpus", str(n), "--port", "0"])
+        assert info.value.code == 2
+        assert f"dimmer: --sim-gpus: a number of GPUs (one rack's) in 1..{MAX_GPUS_PER_RACK}" in _one_line(capsys)
+
+
+# -- item 10: numbers and addresses refused as they are parsed ---------------------------------------------------
+
+
+def _dimmer(argv: list[str]) -> int | str | None:
+    from dimmer.cli import main as dimmer_main
+
+    try:
+        return dimmer_main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
+BIG = "9" * 5000
+BAD_GRIDSIM_ARGS = [
+    (["run", "sc.toml", "--seed", "-1"], "--seed: "),
+    (["run", "sc.toml", "--seed", BIG], "--seed: "),
+    (["compare", "sc.toml", "--seed", "1.5"], "--seed: "),
+    (["run", "sc.toml", "--set", f"duration_s={BIG}"], "--set: duration_s: a number of at most"),
+    (["validate", "sc.toml", "--set", f"seed={BIG}"], "--set: seed: a number of at most"),
+    (["serve", "sc.toml", "--speed", "1e-300"], "--speed: "),
+    (["serve", "sc.toml", "--speed", "1e300"], "--speed: "),
+    (["serve", "sc.toml", "--speed", "nan"], "--speed: "),
+    (["serve", "sc.toml", "--port", "-1"], "--port: "),
+    (["serve", "sc.toml", "--seed", BIG], "--seed: "),
+    (["serve", "sc.toml", "--max-connections", "0"], "--max-connections: "),
+    (["serve", "sc.toml", "--idle-timeout-s", "inf"], "--idle-timeout-s: "),
+    (["sweep", "sw.toml", "--dask", "::::"], "--dask: a scheduler address"),
+    (["sweep", "sw.toml", "--dask", "tcp://"], "--dask: a scheduler address"),
+    (["sweep", "sw.toml", "--dask", "sched:99999"], "--dask: a scheduler address"),
+    (["sweep", "sw.toml", "--workers", "0"], "--workers: "),
+    (["sweep", "sw.toml", "--workers", BIG], "--workers: "),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "part"), BAD_GRIDSIM_ARGS, ids=lambda v: " ".join(v)[:40] if isinstance(v, list) else None
+)
+def test_gridsim_numbers_and_addresses_are_refused_as_parsed(
+    argv: list[str], part: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _scenario(tmp_path, MINIMAL)
+    before = {p.name for p in tmp_path.iterdir()}
+    line = _refused(argv, capsys, part)
+    assert line.startswith("gridsim: --") and len(line) < 300, line  # the option first; never 5,000 digits
+    _nothing_written(tmp_path, before)
+
+
+BAD_RUN_SIM_ARGS = [
+    (["--speed", "1e-300"], "--speed: "),
+    (["--speed", "inf"], "--speed: "),
+    (["--speed", "1000"], "--speed: "),
+    (["--seed", "-1"], "--seed: "),
+    (["--seed", BIG], "--seed: "),
+    (["--set", f"duration_s={BIG}"], "--set: duration_s: a number of at most"),
+]
+
+
+@pytest.mark.parametrize(
+    ("extra", "part"), BAD_RUN_SIM_ARGS, ids=lambda v: " ".join(v)[:30] if isinstance(v, list) else None
+)
+def test_run_sim_numbers_are_refused_before_anything_starts(
+    extra: list[str], part: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _scenario(tmp_path, MINIMAL)
+    before = {p.name for p in tmp_path.iterdir()}
+    assert _dimmer(["run", "--sim", "sc.toml", "--quiet", *extra]) == 2
+    line = _one_line(capsys)
+    assert line.startswith("dimmer: " + part) and len(line) < 300, line
+    _nothing_written(tmp_path, before)
+
+
+def test_a_5000_digit_number_in_a_scenario_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sc = _scenario(tmp_path, MINIMAL.replace("duration_s = 10", f"duration_s = {BIG}"))
+    _refused(["validate", str(sc)], capsys, f"{sc}: (syntax): numbers of at most")
+
+
+def test_the_serve_entry_run_sim_spawns_refuses_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gridsim.serve import main_serve
+
+    _scenario(tmp_path, MINIMAL)
+    assert main_serve(["sc.toml", "--port", "x"]) == 2  # was argparse's usage and the error: two lines
+    assert _one_line(capsys).startswith("gridsim: --port: a TCP port in 0..65535")
+    assert main_serve(["sc.toml", "--nope"]) == 2
+    assert "unrecognized arguments: --nope" in _one_line(capsys)
 
 
 def _site_config(tmp_path: Path, daemon: dict[str, str]) -> Path:

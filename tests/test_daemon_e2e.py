@@ -150,7 +150,9 @@ def test_run_sim_bad_input_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--sim", str(REPO / "scenarios" / "swing-8k.toml"), "--set", "duration_s=-1"]) == 2
     assert "duration_s" in capsys.readouterr().err
     assert main(["run", "--sim", "--controller", "nope"]) == 2
-    assert main(["run", "--sim", "--speed", "0"]) == 2
+    with pytest.raises(SystemExit) as info:  # out of its range (0.01..100): refused as it is parsed
+        main(["run", "--sim", "--speed", "0"])
+    assert info.value.code == 2 and "--speed: " in capsys.readouterr().err
 
 
 DURATION_S = 600.0

@@ -46,7 +46,8 @@ WRITES_KEPT = 100_000
 class PlantServer:
     """The plant of `loaded` served over Modbus TCP on `host:port` (port 0: a free port), advancing `speed` x
     wall-clock time. `start()` binds and starts the plant; `done` is set when the run has finished and its outputs
-    are written (or it failed: see `error`); `stop()` ends everything early.
+    are written (or it failed: see `error`), `ended` as soon as the engine reaches the scenario's end (before the
+    outputs); `stop()` ends everything early, `abandon(reason)` ends the run without outputs from any thread.
 
     Leases and reversion times are counted in plant time (wall time x speed), the clock the engine runs on: a
     daemon that steps once per simulated control period renews them exactly as it would at speed 1.
@@ -117,7 +118,9 @@ class PlantServer:
         self.result: SimResult | None = None
         self.summary: dict[str, Any] | None = None
         self.error: str | None = None
+        self.ended = asyncio.Event()  # the engine reached the scenario's end (set before the outputs are written)
         self.done = asyncio.Event()
+        self.abandon_reason: str | None = None
         self._server: Any = None
         self.hold_until_first_write = bool(hold_until_first_write)
         self.first_write_wall_s: float | None = None  # when the first write was accepted (monotonic)
@@ -213,6 +216,12 @@ class PlantServer:
         await self._close_listener()
         if not self.done.is_set():
             self.done.set()
+
+    def abandon(self, reason: str) -> None:
+        """Stop the run without outputs (from any thread); `error` becomes `reason`. For a plant whose daemon is
+        gone: a report of the run would claim a control that stopped partway."""
+        self.abandon_reason = reason
+        self.worker.abandon()
 
     async def wait(self, timeout_s: float | None = None) -> bool:
         """Wait for the run to finish; False on timeout."""

@@ -9,7 +9,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from dimmer.observation import Actions, Observation
@@ -60,6 +60,11 @@ class PlantWorker:
         self._thread = threading.Thread(target=self._run, name="gridsim-serve", daemon=True)
         self._thread.start()
 
+    def abandon(self) -> None:
+        """Stop the run without outputs, from any thread (the daemon that drove it is gone: what it would report is
+        not a controlled run). Checked at every control period and once more before the outputs are written."""
+        self._stop.set()
+
     async def stop(self) -> None:
         """Stop the run (abandoned: no outputs) and wait for the thread."""
         self._stop.set()
@@ -72,6 +77,11 @@ class PlantWorker:
             sim = Simulation(srv.loaded, srv.site, self, srv.seed)
             self.sim = sim
             res = sim.run()
+            # the run's end, said at once: writing the outputs takes seconds in which nothing is published, and a
+            # daemon left polling would take the frozen registers for dead devices (`dimmer run --sim` stops on it)
+            self._call_on_loop(srv.ended.set)
+            if self._stop.is_set():  # abandoned at the last moment: still no report of a controlled run
+                raise _Stopped
             from gridsim.metrics import summarize
 
             srv.summary = summarize(res)
@@ -79,15 +89,18 @@ class PlantWorker:
             if srv.out_dir is not None:
                 srv._write_outputs(res)
         except _Stopped:
-            srv.error = "stopped before the end of the run"
+            srv.error = srv.abandon_reason or "stopped before the end of the run"
         except Exception as exc:  # the server must report, not die silently
             log.exception("served plant failed")
             srv.error = f"{type(exc).__name__}: {exc}"
         finally:
-            loop = self._loop
-            if loop is not None and not loop.is_closed():
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(srv.done.set)
+            self._call_on_loop(srv.done.set)
+
+    def _call_on_loop(self, fn: Callable[[], Any]) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody is waiting
+                loop.call_soon_threadsafe(fn)
 
     def step(self, obs: Observation) -> Actions:
         """The controller's seat: called by the engine every control period, in the worker thread."""
