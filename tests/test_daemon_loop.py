@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import socket
 import urllib.request
 from pathlib import Path
@@ -23,6 +24,7 @@ from dimmer.daemon.loop import (
     ModeMachine,
     SystemdNotifier,
 )
+from dimmer.daemon.safety import NonFiniteLog
 from dimmer.daemon.state import controller_state, load_into, save_state_file
 from tests.daemon_fakes import BATTERY_MODELS, BATTERY_UNIT, RACK_UNITS, SUNSPEC_BASE, FakePlant, loaded_config
 
@@ -418,6 +420,245 @@ def test_corrupt_or_mismatched_state_is_ignored(tmp_path: Path, caplog: pytest.L
     assert not list(tmp_path.glob(".*.tmp"))  # no temporary left behind
 
 
+RATED_W = 1400.0
+RISE_W = 20.0  # the dimmer controller's cap_rise_w_per_s x the 1 s period: the most the start ramp may step
+
+
+def start_step_w(d: Daemon) -> float:
+    """The start ramp's step: the controller's rise rate, or half the site's ramp limit over all its GPUs."""
+    site = d.loaded.site
+    return min(RISE_W, 0.5 * site.ramp_limit_w_per_min / 60.0 * site.rectifier_eff / site.n_gpus)
+
+
+def _saved_doc() -> dict[str, Any]:
+    """A valid state document for `small_config`'s site, as a daemon saves it."""
+    plant, clock = FakePlant(), FakeClock()
+    d = make(plant, clock)
+    doc = controller_state(d.controller, d.loaded.site)
+    assert doc is not None
+    return doc
+
+
+def _write_doc(path: Path, doc: dict[str, Any]) -> None:
+    path.write_text(json.dumps(doc))
+
+
+def _mutated(change: Any) -> Any:
+    def write(path: Path, doc: dict[str, Any]) -> None:
+        change(doc)
+        _write_doc(path, doc)
+
+    return write
+
+
+def _text(text: str | bytes) -> Any:
+    def write(path: Path, doc: dict[str, Any]) -> None:
+        if isinstance(text, bytes):
+            path.write_bytes(text)
+        else:
+            path.write_text(text)
+
+    return write
+
+
+def _truncated(path: Path, doc: dict[str, Any]) -> None:
+    text = json.dumps(doc)
+    path.write_text(text[: len(text) // 2])
+
+
+def _json_nan_caps(path: Path, doc: dict[str, Any]) -> None:
+    doc["state"]["cap_w"]["data"] = [float("nan")]
+    path.write_text(json.dumps(doc))  # Python's json writes (and reads) a bare NaN
+
+
+# every way a state file seen on a restart can be unusable (issue 12 item 4): each must start at the safe cap
+UNUSABLE_STATES: dict[str, Any] = {
+    "garbage": _text(b"\x00\x9f\xff\xfe garbage \x01\x02"),
+    "not-json": _text("{not json"),
+    "truncated-json": _truncated,
+    "empty": _text(""),
+    "whitespace": _text(" \n\t"),
+    "directory": lambda path, doc: path.mkdir(),
+    "nan-caps": _mutated(lambda x: x["state"].update(cap_w={"shape": [1], "data": ["nan"]})),
+    "json-nan-caps": _json_nan_caps,
+    "inf-caps": _mutated(lambda x: x["state"].update(cap_w={"shape": [1], "data": ["inf"]})),
+    "caps-above-rated": _mutated(lambda x: x["state"].update(cap_w={"shape": [1], "data": [5000.0]})),
+    "caps-below-min": _mutated(lambda x: x["state"].update(cap_w={"shape": [1], "data": [1.0]})),
+    "floors-above-range": _mutated(lambda x: x["state"].update(floor_w={"shape": [16], "data": [5000.0] * 16})),
+    "nan-grid-target": _mutated(lambda x: x["state"].update(grid_target_w="nan")),
+    "huge-number": _mutated(lambda x: x["state"].update(cap_w={"shape": [1], "data": [10**400]})),
+    "json-list": _text("[1, 2, 3]"),
+    "json-number": _text("42"),
+    "format-only": _text('{"format": "dimmer-state-v1"}'),
+    "state-a-list": _mutated(lambda x: x.update(state=[1, 2])),
+    "deep-nesting": _text("[" * 100_000 + "]" * 100_000),
+    "other-rack-count": _mutated(lambda x: x["site"].update(n_racks=32)),
+    "other-site-jobs": _mutated(lambda x: x["site"].update(jobs=["other"])),
+    "other-gpu": _mutated(lambda x: x["site"].update(gpu="h100")),
+    "other-controller": _mutated(lambda x: x.update(controller="dynamo")),
+    "too-old": _mutated(lambda x: x.update(saved_at_unix_s=x["saved_at_unix_s"] - 3600)),
+    "from-the-future": _mutated(lambda x: x.update(saved_at_unix_s=x["saved_at_unix_s"] + 3600)),
+    "no-saved-time": _mutated(lambda x: x.update(saved_at_unix_s="nan")),
+}
+
+
+@pytest.mark.parametrize("kind", list(UNUSABLE_STATES))
+def test_restart_with_unusable_state_starts_at_safe_cap_and_rises_at_slew(
+    kind: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "state.json"
+    UNUSABLE_STATES[kind](path, _saved_doc())
+    caplog.clear()
+
+    async def go() -> tuple[list[np.ndarray], float]:
+        # nothing binds: a fresh controller would write rated (1,400 W) in the first period
+        plant, clock = FakePlant(rack_w=100e3, pcc_w=1.5e6), FakeClock()
+        sections = {"daemon": {"state_file": str(path), "audit_log": "audit.jsonl", "metrics_address": ""}}
+        d = make(plant, clock, tmp_path, sections=sections)
+        assert not d._restored and d.start_ramp is not None
+        assert d.start_ramp.rise_w == pytest.approx(start_step_w(d))
+        written = []
+        for _ in range(12):
+            await step(d)
+            written.append(plant.caps_written())
+            clock.t += 1.0
+            plant.tick()
+        await d.shutdown()
+        return written, start_step_w(d)
+
+    written, rise_w = asyncio.run(go())
+    assert np.all(written[0] <= SAFE_W + 1e-6)
+    steps = np.diff(np.stack(written), axis=0)
+    assert steps.max() <= rise_w + 1e-3 <= RISE_W + 1e-3, f"a cap rose {steps.max():.1f} W in one period"
+    assert np.all(written[-1] > written[0] + 5 * rise_w)  # and it does rise: the ramp is not a new ceiling
+    # said once, in the log and the audit: which file, why, what the daemon does instead
+    said = [r for r in caplog.records if "starting at the safe cap" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "WARNING"
+    assert str(path) in said[0].getMessage() and "ignored" in said[0].getMessage()
+    events = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    state_events = [e for e in events if e.get("event") == "state"]
+    assert len(state_events) == 1 and state_events[0]["refused"] is True and str(path) in state_events[0]["why"]
+
+
+def test_restart_with_valid_state_restores_it_without_the_start_ramp(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "state.json"
+    doc = _saved_doc()
+    doc["state"]["cap_w"] = {"shape": [1], "data": [1300.0]}  # a cap the old process held, well above the safe cap
+    _write_doc(path, doc)
+    caplog.set_level(logging.INFO, logger="dimmer.daemon")
+
+    async def go() -> None:
+        plant, clock = FakePlant(rack_w=100e3, pcc_w=1.5e6), FakeClock()
+        d = make(plant, clock, tmp_path, sections={"daemon": {"state_file": str(path), "metrics_address": ""}})
+        assert d._restored and d.start_ramp is None
+        assert d.controller.cap_w[0] == 1300.0  # type: ignore[attr-defined]
+        res = await step(d)
+        # the controller carries on from the cap it had, at its own slew: no drop to the safe cap, no jump to rated
+        assert np.allclose(plant.caps_written(), res.actions.rack_cap_w)
+        assert np.all(res.actions.rack_cap_w >= 1300.0) and np.all(res.actions.rack_cap_w <= 1300.0 + RISE_W)
+        await d.shutdown()
+
+    asyncio.run(go())
+    assert "restored from" in caplog.text and "starting at the safe cap" not in caplog.text
+
+
+def test_first_start_without_state_file_starts_fresh_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="dimmer.daemon")
+    plant, clock = FakePlant(rack_w=100e3, pcc_w=1.5e6), FakeClock()
+    d = make(plant, clock)  # no state_file configured: a first start, from the controller's fresh state
+    assert d.start_ramp is None and "no state_file configured: starting fresh" in caplog.text
+
+
+def test_start_ramp_ends_at_rated(tmp_path: Path) -> None:
+    async def go() -> None:
+        path = tmp_path / "state.json"
+        path.write_text("{not json")
+        plant, clock = FakePlant(rack_w=100e3, pcc_w=1.5e6), FakeClock()
+        d = make(plant, clock, tmp_path, sections={"daemon": {"state_file": str(path), "metrics_address": ""}})
+        assert d.start_ramp is not None
+        first = (await step(d)).actions.rack_cap_w
+        clock.t += 1.0
+        plant.tick()
+        second = (await step(d)).actions.rack_cap_w
+        assert np.allclose(first, SAFE_W) and np.allclose(second, SAFE_W + start_step_w(d))
+        # and it ends at rated: the ceiling gone, the controller alone again
+        d.start_ramp.ceiling_w = RATED_W - 0.5 * start_step_w(d)
+        await cycles(d, plant, clock, 2)
+        assert d.start_ramp is None
+
+    asyncio.run(go())
+
+
+# -- what the controller decides that is not a number ------------------------------------------------------------------
+
+
+def test_non_finite_actions_never_written_safe_values_instead_logged_once_per_kind(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def go() -> None:
+        plant, clock = FakePlant(), FakeClock()
+        d = make(plant, clock)
+        await cycles(d, plant, clock, 3)
+        real = d.controller.step
+        nan, inf = float("nan"), float("inf")
+
+        def poisoned(obs: Any) -> Any:
+            act = real(obs)
+            cap = act.rack_cap_w.copy()
+            cap[:4], cap[4], cap[5] = nan, inf, -inf
+            thr = act.rack_bbu_threshold_w.copy()
+            thr[0], thr[1], thr[2] = nan, -inf, inf  # +inf is "backup only", a valid threshold
+            rech = act.rack_bbu_recharge_w.copy()
+            rech[0], rech[1], rech[2] = nan, -inf, inf  # +inf: no limit but the BBU's rating, valid
+            return dataclasses.replace(
+                act,
+                rack_cap_w=cap,
+                rack_floor_w=np.full(act.rack_floor_w.shape, nan),
+                bess_setpoint_w=nan,
+                rack_bbu_threshold_w=thr,
+                rack_bbu_recharge_w=rech,
+            )
+
+        d.controller.step = poisoned  # type: ignore[method-assign]
+        caplog.clear()
+        for _ in range(5):
+            last = d.last_cap_w.copy()  # type: ignore[union-attr]
+            res = await step(d)
+            act = res.actions
+            # the daemon carried on (RUNNING: the controller answered) and wrote only numbers, the safe ones
+            assert d.mode is Mode.RUNNING and res.writes_failed == 0
+            written = plant.caps_written()
+            assert np.all(np.isfinite(written))
+            assert np.allclose(written[:6], np.fmin(SAFE_W, last[:6]))
+            assert np.all(act.rack_floor_w == 0.0)
+            assert act.bess_setpoint_w == 0.0 and plant.battery_setpoint_w() == pytest.approx(0.0, abs=10.0)
+            assert np.all(act.rack_bbu_threshold_w[:3] == inf)
+            assert act.rack_bbu_recharge_w[0] == 0.0 and act.rack_bbu_recharge_w[1] == 0.0
+            assert act.rack_bbu_recharge_w[2] == d.loaded.site.rack_storage.bbu_power_w[2]
+            said = {r.reason for r in act.reasons if r.reason.startswith("non-finite")}
+            assert len(said) == 5  # each field named in the audit's reasons, every period
+            clock.t += 1.0
+            plant.tick()
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        for name in ("rack_cap_w", "rack_floor_w", "bess_setpoint_w", "rack_bbu_threshold_w", "rack_bbu_recharge_w"):
+            assert sum(f"non-finite {name} " in m for m in errors) == 1, name  # loud, once: not once a period
+
+    asyncio.run(go())
+
+
+def test_non_finite_log_is_rate_limited_per_kind(caplog: pytest.LogCaptureFixture) -> None:
+    nf = NonFiniteLog(every_s=60.0)
+    for t in range(0, 125):
+        nf.note("dimmer", {"rack_cap_w": 3}, float(t))
+    nf.note("dimmer", {"bess_setpoint_w": 1}, 124.0)  # another kind: its own first report at once
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("rack_cap_w" in m for m in said) == 3  # at 0, 60 and 120 s
+    assert "60 period(s) since the last report" in said[1]
+    assert sum("bess_setpoint_w" in m for m in said) == 1
+
+
 # -- reload ------------------------------------------------------------------------------------------------------------
 
 
@@ -501,6 +742,9 @@ def test_audit_log_records_decisions_and_writes(tmp_path: Path) -> None:
         await cycles(d, plant, clock, 3)
         await d.shutdown()
         lines = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
+        # no state file: said once, first, then the cycles
+        assert lines[0]["event"] == "state" and lines[0]["restored"] is False and lines[0]["refused"] is False
+        lines = lines[1:]
         assert [x.get("cycle") for x in lines[:3]] == [1, 2, 3]
         first = lines[0]
         assert first["mode"] == "running" and first["dry_run"] is False

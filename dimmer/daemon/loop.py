@@ -15,6 +15,11 @@ One cycle (period_s, default 1 s):
    revert timeout), never to a read-only device, nothing at all in dry-run;
 7. publish metrics, append the audit record, notify the systemd watchdog, save the state every N cycles.
 
+At start the controller's state comes from the state file through `state.vet_state_file` only. A state file that is
+there and refused (said once, in the log and the audit) puts the controller at the safe cap, and a `StartRamp` holds
+every cap at most the safe cap at the first write, rising from there at the controller's cap rise rate (at most half
+the ramp limit over every GPU), instead of rated at once.
+
 Signals: SIGTERM / SIGINT stop the loop after writing safe caps; SIGHUP reloads the config (the old one stays if
 the new one is invalid) and reopens the audit log.
 
@@ -61,8 +66,15 @@ from dimmer.daemon.modes import ALLOWED, IllegalTransition, Mode, ModeMachine
 from dimmer.daemon.netguard import ConnectionLimits
 from dimmer.daemon.notify import SystemdNotifier, watchdog_error
 from dimmer.daemon.observe import ObservationBuilder, Snapshot
-from dimmer.daemon.safety import decide, enforce_safety, safe_actions, safety_net
-from dimmer.daemon.state import controller_state, load_into, restore_state, save_from
+from dimmer.daemon.safety import NonFiniteLog, StartRamp, decide, enforce_safety, safe_actions, safety_net
+from dimmer.daemon.state import (
+    controller_state,
+    hold_caps_at_most,
+    restore_state,
+    save_from,
+    start_without_state,
+    vet_state_file,
+)
 from dimmer.daemon.writes import Write, audit_entries, do_write, plan_writes
 from dimmer.errors import DimmerError, InputError
 from dimmer.observation import Actions, Observation, Reason
@@ -80,6 +92,7 @@ __all__ = [
     "ObservationBuilder",
     "ReadingLike",
     "Snapshot",
+    "StartRamp",
     "SystemdNotifier",
     "Write",
     "build_devices",
@@ -174,10 +187,37 @@ class Daemon:
         self._write_safe_on_stop = True
         self._reload_requested = False
         self._t0_mono = clock()
-        self._restored = False
-        state_path = loaded.state_path
-        if state_path is not None:
-            self._restored = load_into(self.controller, loaded.site, state_path, loaded.config.daemon.state_max_age_s)
+        self.non_finite = NonFiniteLog()  # what the controller decided that is not a number: said once a minute
+        verdict = vet_state_file(self.controller, loaded.site, loaded.state_path, loaded.config.daemon.state_max_age_s)
+        self._restored = verdict.restored
+        self.start_ramp: StartRamp | None = None  # set while caps rise from the safe cap after a start without state
+        if verdict.restored:
+            log.info("%s", verdict.why)
+        elif verdict.refused:
+            self._start_without_state(verdict.why, refused=True)
+        else:
+            # No file at all: a first start, which begins from the controller's fresh state as it always has. (Held
+            # at the safe cap too, a plant running uncontrolled steps down to it and the dimmer controller's grid
+            # shaping then breaks the ramp rule as it recovers: docs/daemon.md, "Start without trusted state".)
+            log.info("%s: starting fresh", verdict.why)
+            self.audit.write({"event": "state", "restored": False, "refused": False, "why": verdict.why})
+
+    def _start_without_state(self, why: str, refused: bool) -> None:
+        """No trusted state: the controller at the safe cap, every cap at most that at the first write and rising at
+        the controller's rate. One line in the log (a warning when a state was there and refused) and the audit."""
+        loaded = self.loaded
+        safe = loaded.safe_cap_w
+        site = loaded.site
+        # the controller's cap rise rate, and no faster than half the utility's ramp limit with every GPU rising
+        # together (the other half left for the load's own moves): a start must not itself be a ramp violation
+        ramp_w_per_s = 0.5 * site.ramp_limit_w_per_min / 60.0 * site.rectifier_eff / max(site.n_gpus, 1)
+        rise_w_per_s = min(start_without_state(self.controller, safe), ramp_w_per_s)
+        rise_w = rise_w_per_s * loaded.config.daemon.period_s
+        self.start_ramp = StartRamp(safe, rise_w, loaded.site.gpu.rated_w)
+        ignored = ": ignored" if refused else ""
+        line = f"{why}{ignored}; starting at the safe cap {safe:g} W, caps rising at most {rise_w_per_s:g} W/s a GPU"
+        log.log(logging.WARNING if refused else logging.INFO, "%s", line)
+        self.audit.write({"event": "state", "restored": False, "refused": refused, "why": line})
 
     # -- setup -------------------------------------------------------------------------------------------------------
 
@@ -316,7 +356,28 @@ class Daemon:
         self.machine.to(Mode.RUNNING if error is None else Mode.FAILSAFE)
         step_s = time.perf_counter() - t_step
         period_s = self.loaded.config.daemon.period_s
-        act = safety_net(site, act, obs, safe_cap, safety, period_s, self.last_cap_w, explain=error is None)
+        act = safety_net(
+            site,
+            act,
+            obs,
+            safe_cap,
+            safety,
+            period_s,
+            self.last_cap_w,
+            explain=error is None,
+            non_finite=self.non_finite,
+            controller=self.controller.name,
+            now_s=time.monotonic(),  # wall time: the log's rate limit is for whoever reads it
+        )
+        ramp = self.start_ramp
+        if ramp is not None:
+            act = ramp.apply(act)
+            hold_caps_at_most(self.controller, ramp.ceiling_w)
+            if error is None:  # a period on fail-safe caps is no step up: the ceiling waits with them
+                ramp.advance()
+            if not ramp.active:
+                log.info("start without trusted state: caps free of the start ramp (rated reached)")
+                self.start_ramp = None
         head = f"controller {self.controller.name}" if error is None else "fail-safe"
         writes, results = await self._write(act, head) if not self.dry_run else ([], [])
         self.last_cap_w = act.rack_cap_w
@@ -392,13 +453,17 @@ class Daemon:
             return False
         # carry the controller's filters over when the new controller can take them (same class and site)
         doc = controller_state(self.controller, old.site)
+        carried = False
         if doc is not None and type(ctrl) is type(self.controller):
             with contextlib.suppress(ValueError, TypeError, KeyError):
                 restore_state(ctrl, new.site, doc, max_age_s=math.inf)
+                carried = True
         if self._own_buses:
             await close_buses(self.handles)
             self._bus_factory = factory
         self.loaded, self.controller, self.handles = new, ctrl, handles
+        if doc is not None and not carried:  # the filters were lost: as a start without state, from the safe cap
+            self._start_without_state("SIGHUP: the controller's state does not fit the new config", refused=True)
         self.builder = ObservationBuilder(new, handles, self.speed)
         self.last_cap_w = None if new.site.n_racks != old.site.n_racks else self.last_cap_w
         if new.config.daemon.metrics_address != old.config.daemon.metrics_address:

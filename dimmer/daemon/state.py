@@ -3,8 +3,13 @@
 A restart (an upgrade, a crash, a reboot) should not forget what the controller had learned: the caps it holds, the
 grid target it is ramping, the envelopes and low-pass filters. Losing them would raise every cap to rated at once
 and restart the grid target from the current load. The state is a small explicit dict per controller class (no
-pickle: a state file must never run code), checked against the site on restore. A missing, corrupt, old or
-mismatched file is ignored with a warning: the controller then starts fresh, as on first start.
+pickle: a state file must never run code), checked against the site on restore.
+
+`vet_state_file` is the one door a saved state comes in by: it restores the controller from a file that fits, or
+leaves it untouched and says why in one line. A controller with no trusted state (no file, or one refused: corrupt,
+truncated, empty, a directory, NaN or out-of-range caps, another site or controller, too old) must not start at
+rated: the daemon puts it at the safe cap (`start_without_state`) and lets caps rise from there at the controller's
+cap rise rate (safety.StartRamp).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +27,17 @@ import numpy as np
 
 from dimmer.atomicfile import write_atomic
 from dimmer.control import Controller
-from dimmer.control.dimmer import DimmerController
+from dimmer.control.dimmer import DimmerController, DimmerParams
 from dimmer.control.filters import LowPass, SwingLevel, Window
 from dimmer.site import SiteModel
 
 log = logging.getLogger("dimmer.state")
 
 FORMAT = "dimmer-state-v1"
+
+# A state file is a few arrays per rack and domain (tens of kB at 1,000 racks): anything far larger is not one, and
+# reading it whole (a /dev/zero in its place) must not exhaust memory before it is refused.
+MAX_STATE_BYTES = 64 * 2**20
 
 
 class StateMismatch(ValueError):
@@ -160,6 +170,8 @@ def dimmer_from_dict(c: DimmerController, d: dict[str, Any]) -> None:
     floor = _dec_arr(d.get("floor_w"), (site.n_racks,), "floor_w")
     rack_last = _dec_arr(d.get("rack_last_w"), (site.n_racks,), "rack_last_w")
     grid = _dec_opt_f(d.get("grid_target_w"), "grid_target_w")
+    if grid is not None and not math.isfinite(grid):
+        raise StateMismatch("grid_target_w: not finite")
     # (absent from files saved before the ramp room: the import's history is learned afresh from the next reading)
     n_hist = c.ramp_room.history_w.shape
     ramp_hist = _dec_arr(d["ramp_history_w"], n_hist, "ramp_history_w") if "ramp_history_w" in d else None
@@ -177,8 +189,9 @@ def dimmer_from_dict(c: DimmerController, d: dict[str, Any]) -> None:
     gpu = site.gpu
     if np.any(~np.isfinite(cap)) or np.any(cap < gpu.min_cap_w - 1e-6) or np.any(cap > gpu.rated_w + 1e-6):
         raise StateMismatch(f"cap_w: caps outside the {gpu.name} range {gpu.min_cap_w:g}-{gpu.rated_w:g} W")
-    if np.any(~np.isfinite(floor)) or np.any(floor < 0):
-        raise StateMismatch("floor_w: not finite and non-negative")
+    floor_max_w = gpu.floor_max_frac * gpu.rated_w
+    if np.any(~np.isfinite(floor)) or np.any(floor < 0) or np.any(floor > floor_max_w + 1e-6):
+        raise StateMismatch(f"floor_w: floors outside the {gpu.name} range 0-{floor_max_w:g} W")
     trial = DimmerController(site, c.p)  # scratch filters: a partial failure leaves `c` as it was
     _window_from(trial.domain_env, d.get("domain_env"), "domain_env")
     _window_from(trial.rack_env, d.get("rack_env"), "rack_env")
@@ -281,25 +294,84 @@ def save_state_file(path: Path, doc: dict[str, Any]) -> None:
     write_atomic(path, json.dumps(doc, separators=(",", ":"), allow_nan=False))
 
 
-def load_into(ctrl: Controller, site: SiteModel, path: Path, max_age_s: float) -> bool:
-    """Restore `ctrl` from `path` if the file is there and fits; warn and return False otherwise. Never raises."""
+@dataclass(frozen=True)
+class StateVerdict:
+    """What `vet_state_file` decided: `restored`, or not and why (`why`, one line for the log and the audit);
+    `refused` when something was there and was not used (False: restored, or nothing saved to restore)."""
+
+    restored: bool
+    refused: bool
+    why: str
+
+
+def vet_state_file(
+    ctrl: Controller, site: SiteModel, path: Path | None, max_age_s: float, now_unix_s: float | None = None
+) -> StateVerdict:
+    """The one door a saved state comes in by. Restores `ctrl` from `path` only when the file is a readable
+    `dimmer-state-v1` JSON document, at most MAX_STATE_BYTES, saved by this controller for this site (racks, domains,
+    jobs, GPU) between 60 s in the future and `max_age_s` ago, every value finite where it must be, every cap within
+    the GPU's settable range (min_cap_w-rated_w) and every floor within its floor range. Anything else leaves `ctrl`
+    exactly as it was and the verdict says why. Logs nothing and never raises: whatever a file holds, the daemon
+    starts (without trusted state, at the safe cap)."""
     if not supports_state(ctrl):
-        return False
+        return StateVerdict(False, False, f"controller {ctrl.name!r} keeps no state")
+    if path is None:
+        return StateVerdict(False, False, "no state_file configured")
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            raw = f.read(MAX_STATE_BYTES + 1)
     except FileNotFoundError:
-        log.info("no state file at %s: starting fresh", path)
-        return False
-    except (OSError, UnicodeDecodeError) as exc:
-        log.warning("state file %s unreadable (%s): starting fresh", path, exc)
-        return False
+        return StateVerdict(False, False, f"no state file at {path}")
+    except OSError as exc:  # a directory in its place, no permission, an I/O error
+        return StateVerdict(False, True, f"state file {path} unreadable ({type(exc).__name__}: {exc.strerror or exc})")
+    if len(raw) > MAX_STATE_BYTES:
+        return StateVerdict(False, True, f"state file {path} over {MAX_STATE_BYTES} bytes: not a state file")
+    if not raw.strip():
+        return StateVerdict(False, True, f"state file {path} is empty")
     try:
-        restore_state(ctrl, site, json.loads(text), max_age_s)
-    except (ValueError, TypeError, KeyError) as exc:  # json.JSONDecodeError and StateMismatch are ValueErrors
-        log.warning("state file %s ignored (%s): starting fresh", path, exc)
-        return False
-    log.info("restored controller state from %s", path)
-    return True
+        doc = json.loads(raw.decode("utf-8"))
+        restore_state(ctrl, site, doc, max_age_s, now_unix_s)
+    except UnicodeDecodeError:
+        return StateVerdict(False, True, f"state file {path} is not UTF-8 text")
+    except json.JSONDecodeError as exc:
+        return StateVerdict(False, True, f"state file {path} is not JSON ({exc})")
+    except StateMismatch as exc:
+        return StateVerdict(False, True, f"state file {path} does not fit ({exc})")
+    except Exception as exc:  # hostile content (deep nesting, a 400-digit number): refused, never a crash at start
+        return StateVerdict(False, True, f"state file {path} is not a state ({type(exc).__name__}: {exc})")
+    return StateVerdict(True, False, f"controller state restored from {path}")
+
+
+def load_into(ctrl: Controller, site: SiteModel, path: Path, max_age_s: float) -> bool:
+    """`vet_state_file`, logged: True when `ctrl` was restored, else a warning (info when there was no file)."""
+    verdict = vet_state_file(ctrl, site, path, max_age_s)
+    if verdict.restored:
+        log.info("%s", verdict.why)
+    elif verdict.refused:
+        log.warning("%s: ignored, starting fresh", verdict.why)
+    elif supports_state(ctrl):
+        log.info("%s: starting fresh", verdict.why)
+    return verdict.restored
+
+
+def start_without_state(ctrl: Controller, safe_cap_w: float) -> float:
+    """Put a controller that has no trusted state at the safe cap, so that its own caps rise from there within its
+    own headroom and ramp room rather than from rated, and return the rate caps may rise at from there (W per GPU
+    per second): the controller's `cap_rise_w_per_s`, or the dimmer default for a controller that has none (the
+    baselines: the daemon's start ramp then paces them alone)."""
+    if isinstance(ctrl, DimmerController):
+        cap_w = float(ctrl.site.gpu.clamp_cap_w(safe_cap_w))
+        ctrl.cap_w = np.minimum(ctrl.cap_w, cap_w)
+        return float(ctrl.p.cap_rise_w_per_s)
+    default = DimmerParams.model_fields["cap_rise_w_per_s"].default
+    return float(getattr(getattr(ctrl, "p", None), "cap_rise_w_per_s", default))
+
+
+def hold_caps_at_most(ctrl: Controller, cap_w: float) -> None:
+    """Keep a controller's own caps at most `cap_w` (the start ramp's ceiling), so that what it believes it holds
+    is what was written: a cut it decides is then cut from the cap in force, not from one the ramp never let out."""
+    if isinstance(ctrl, DimmerController):
+        ctrl.cap_w = np.minimum(ctrl.cap_w, cap_w)
 
 
 def save_from(ctrl: Controller, site: SiteModel, path: Path) -> bool:
