@@ -143,8 +143,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from gridsim.scenario import load_scenario
 
     # everything is checked before anything runs: the scenario, the controller and where the results go
-    if args.seed is not None and args.seed < 0:
-        raise InputError("--seed", "seed", "a non-negative integer")
+    # (--seed as it was parsed)
     loaded = load_scenario(args.scenario, args.overrides)
     if args.controller is not None and args.controller not in controller_names():
         raise InputError("--controller", repr(args.controller), f"one of {', '.join(controller_names())}")
@@ -181,9 +180,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     )
     from gridsim.scenario import load_scenario
 
-    # everything is checked before anything runs
-    if args.seed is not None and args.seed < 0:
-        raise InputError("--seed", "seed", "a non-negative integer")
+    # everything is checked before anything runs (--seed as it was parsed)
     loaded = load_scenario(args.scenario, args.overrides)
     names = parse_controllers(args.controllers)
     out = args.out or Path("out") / f"{loaded.scenario.name}-compare"

@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import os
 import sys
 import threading
@@ -55,10 +54,7 @@ def run_serve(args: argparse.Namespace) -> int:
     """`gridsim serve`: raises InputError on bad input (the caller maps it to exit status 2)."""
     from gridsim.scenario import load_scenario
 
-    if args.seed is not None and args.seed < 0:
-        raise InputError("--seed", "seed", "a non-negative integer")
-    if not (math.isfinite(args.speed) and args.speed > 0):
-        raise InputError("--speed", "speed", f"a positive number (got {args.speed!r})")
+    # (--seed and --speed are checked as they are parsed: add_serve_arguments)
     limits = _limits(args)
     loaded = load_scenario(args.scenario, args.overrides)
     out = args.out or Path("out") / f"{loaded.scenario.name}-served"
