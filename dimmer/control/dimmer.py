@@ -88,6 +88,7 @@ class DimmerParams(Strict):
     # how far above its highest 1 s reading a rack's swing may peak: a 40 % swing with a 30 % communication share
     # peaks 14 % above its mean, and a reading that mixes phases sits between them (MODELS.md: 30-40 % swings)
     hidden_peak_frac: float = Field(default=0.15, ge=0, le=1)
+    flat_frac: float = Field(default=0.01, ge=0, le=1)  # a window whose readings spread less is no swing
     # a falling limit (a curtailment ramping down) is planned this many periods ahead: a reading, a decision and
     # the GPUs' settling
     limit_lead_periods: float = Field(default=2.0, ge=0)
@@ -225,6 +226,19 @@ class DimmerController:
         np.maximum.at(job_peak, site.rack_job[self.running_rack], gpu_env_w[self.running_rack])
         return bool(np.any(capped & (job_peak >= self.cap_w - self.p.cap_rise_w_per_s * self.p.period_s)))
 
+    def _job_hidden_frac(self, gpu_env_w: FloatArray) -> FloatArray:
+        """Per job, the share of its peak its readings may hide: `hidden_peak_frac` where its racks' window shows a
+        swing, none where every one of its racks read flat across the window (spread within `flat_frac`)."""
+        site, p = self.site, self.p
+        peak = site.gpu_draw_for_rack_w(self.rack_env.peak())
+        trough = site.gpu_draw_for_rack_w(self.rack_env.trough())
+        spread = np.where(np.isfinite(peak) & np.isfinite(trough), peak - trough, np.inf)
+        swings = ~(spread <= p.flat_frac * np.fmax(gpu_env_w, 0.0))
+        job_swings = np.zeros(site.n_jobs, dtype=bool)
+        np.logical_or.at(job_swings, site.rack_job[self.running_rack], swings[self.running_rack])
+        out: FloatArray = np.where(job_swings, p.hidden_peak_frac, 0.0)
+        return out
+
     def _pace_cuts(
         self,
         cut: FloatArray,
@@ -254,7 +268,9 @@ class DimmerController:
         level_excess = np.zeros(int(site.domain_level.max()) + 1)
         np.add.at(level_excess, site.domain_level, excess)
         share = excess / np.maximum(level_excess[site.domain_level], 1e-9)
-        # (from last period's level, not from the envelope where that is lower: a swing's trough would ratchet it)
+        # (from last period's level, not from the envelope where that is lower: a swing's trough would ratchet it;
+        # nor from the domain at its caps where a cut elsewhere took it lower: that step spent the ramp room this
+        # level would use, and starting from it took oversubscribed-row 5.4 s past its ramp limit)
         level_w = np.where(np.isfinite(self.pace_level_w), self.pace_level_w, env) - ramp_step * share
         paced_cut = np.minimum(cut, np.maximum(env - level_w, 0.0))
         self.pace_level_w = np.where(paced, np.maximum(level_w, env - cut), np.inf)
@@ -626,8 +642,14 @@ class DimmerController:
             np.maximum.at(job_peak, site.rack_job[self.running_rack], gpu_env[self.running_rack])
             # A capped job is cut from its cap. Readings are window means, which understate a fast swing's peak, so
             # cutting a capped job from its mean reading would drop the cap below the peak it was holding and cut far
-            # more than asked; an uncapped job is cut from its highest reading.
-            effective = np.where(self.cap_w < gpu.rated_w, self.cap_w, np.minimum(gpu.rated_w, job_peak))
+            # more than asked; an uncapped job is cut from its highest reading. But a cap above all the job may draw
+            # (its peak and the share a swing may hide; none where its readings are flat, a load that does not
+            # swing) holds nothing: cut from there, or the first cuts are spent above the draw and a rack over its
+            # rating waits a window more for its cut (found by the stateful machine at its long profile).
+            job_peak_bound = np.minimum(gpu.rated_w, job_peak * (1.0 + self._job_hidden_frac(gpu_env)))
+            effective = np.where(
+                self.cap_w < gpu.rated_w, np.minimum(self.cap_w, job_peak_bound), np.minimum(gpu.rated_w, job_peak)
+            )
             room = np.maximum(effective - gpu.min_cap_w, 0.0)
             reduction, unmet = shed(cut, self.gpus, room, self.groups, self.eta)
             new_cap = np.where(reduction > 0, effective - reduction, self.cap_w)
@@ -666,8 +688,13 @@ class DimmerController:
             up = grant(headroom, self.gpus, want, self.groups, self.eta)
             if back_up.any():
                 # a job back from its start ceiling may take the band between the release and soft levels too: it
-                # is where a cut from above would have left it, had it come back at its old cap
-                band_w = np.where(cut > 0, 0.0, headroom - self.gpus @ up / self.eta + np.maximum(soft - release, 0.0))
+                # is where a cut from above would have left it, had it come back at its old cap. Under a domain,
+                # what is left of the band under the soft level, not its width: one over it that its BBUs relieve
+                # has no cut, and rose on into the relief (the stateful machine at its long profile: 250 kW on a
+                # 220 kW row). The campus keeps the width: its headroom counts the import net of the battery.
+                band_left_w = np.maximum(soft - np.maximum(release, env + unseen_w), 0.0)
+                band_left_w[0] = max(float(soft[0] - release[0]), 0.0)
+                band_w = np.where(cut > 0, 0.0, headroom - self.gpus @ up / self.eta + band_left_w)
                 more_want = np.where(back_up & (reduction <= 0), np.maximum(want - up, 0.0), 0.0)
                 up = up + grant(np.maximum(band_w, 0.0), self.gpus, more_want, self.groups, self.eta)
             self.recent_rise_w = np.roll(self.recent_rise_w, 1, axis=0)
@@ -760,8 +787,13 @@ class DimmerController:
         planned_rack = np.where(job_racks, site.rack_power_w(np.maximum(planned_gpu, floor)), load_env)
         planned = site.domain_load_w(planned_rack)
         over = (planned > obs.domain_limit_w) & ~paced
-        if over.any():
-            reasons.append(Reason("safety", f"{int(over.sum())} domain(s) planned over rating: no sheddable load left"))
+        carried = over & (relief > 0)  # the BBUs under it take the excess this period: load was left, not shed
+        if carried.any():
+            what = f"{int(carried.sum())} domain(s) planned over rating: their BBUs carry the excess"
+            reasons.append(Reason("safety", what, value_w=float((planned - obs.domain_limit_w)[carried].sum())))
+        if (over & ~carried).any():
+            what = f"{int((over & ~carried).sum())} domain(s) planned over rating: no sheddable load left"
+            reasons.append(Reason("safety", what))
         if paced.any():
             what = f"{int(paced.sum())} domain(s) over rating brought under it at the ramp (their breakers report cool)"
             reasons.append(Reason("capping", what, value_w=float(cut[paced].sum())))

@@ -167,7 +167,10 @@ def _check_plan(site: SiteModel, ctrl: DimmerController, obs: Observation, act: 
     (measured over 400 x 30 steps, in units of one rise): in transients the plan may exceed a rating by up to ~47
     rises (peak envelopes against RMS, readings lagging a job restart). Floored domains are left out: floors never
     raise a domain's plan over its rating (test_trough_floors_*), but a plan already over it (a job stopped, its
-    envelope still holding the peak) keeps floors up to what it counts.
+    envelope still holding the peak) keeps floors up to what it counts. A domain the controller paces (over its
+    rating, within `pace_max_frac` of it, its breaker reporting cool: brought down at the ramp, not in one step) is
+    held to its pace level instead, where that is higher: the pace takes as many periods as its excess needs ramp
+    steps, which may be more than the window (test_a_paced_row_*).
     """
     planned = act.planned_domain_w
     assert planned is not None and planned.shape == (site.n_domains,)
@@ -186,6 +189,9 @@ def _check_plan(site: SiteModel, ctrl: DimmerController, obs: Observation, act: 
     net = planned.copy()
     net[0] -= act.bess_setpoint_w
     bound = obs.domain_limit_w * (1 + TOL) + rise_w
+    # a paced domain is held to the level its pace has reached, which falls a share of a ramp step a period
+    paced = np.isfinite(ctrl.pace_level_w)
+    bound = np.where(paced, np.maximum(bound, ctrl.pace_level_w * (1 + TOL) + rise_w), bound)
     held = sheddable & ~floored
     bad = np.flatnonzero(held & (net > bound))
     assert bad.size == 0, (
@@ -444,3 +450,114 @@ def test_a_rack_derated_under_its_draw_is_planned_within_its_rating_once_quiet()
     limit_w = site.domain_rating_w[rack] * 0.65625
     assert act.planned_domain_w[rack] <= limit_w * (1 + TOL)
     assert np.all(act.rack_cap_w < site.gpu.rated_w)  # brought under by its caps, not by a lighter load
+
+
+def test_a_cap_above_a_flat_draw_is_cut_from_the_draw() -> None:
+    """Found by the machine at its long profile (issue #12): one row of two racks, one job, no battery;
+    `swing(0.5); swing(0.875); hold(10)`. A sub-watt campus cut at the load step left the job capped at 1,399 W over a
+    flat 1,225 W draw; the row (220 kW) then read 229.7 kW, and the cuts its window asked for were taken from the
+    cap, spent above the draw: the row was still planned at 223.2 kW after ten quiet periods. A cap above all a
+    flat-reading job draws holds nothing: the row's cut is taken from the draw, and holds within the quiet window.
+    """
+    site = small_site(rows=1, racks=2, n_jobs=1, bess_mw=0.0)
+    ctrl = make_controller("dimmer", site)
+    assert isinstance(ctrl, DimmerController)
+    world = World(site)
+    row = site.domain_name.index("r0")
+    prev_cap = np.full(site.n_racks, site.gpu.rated_w)
+    capped_above_draw = False
+    for i in range(2 + 3 * QUIET_STEPS):
+        if i < 2:
+            world.demand_w[:] = (0.5, 0.875)[i] * site.gpu.rated_w
+            world.quiet_steps = 0
+        obs = world.observe(1.0)
+        act = ctrl.step(obs)
+        check_actions(site, ctrl, obs, act, prev_cap, world.quiet_steps)
+        capped_above_draw |= bool(np.all((act.rack_cap_w < site.gpu.rated_w) & (act.rack_cap_w > world.demand_w)))
+        prev_cap = act.rack_cap_w.copy()
+        world.apply(act)
+    assert capped_above_draw  # the case the machine found: a cap that held nothing
+    assert act.planned_domain_w is not None
+    assert act.planned_domain_w[row] <= site.domain_rating_w[row] * (1 + TOL)
+
+
+def test_a_job_back_from_its_start_ceiling_does_not_climb_into_bbu_relief() -> None:
+    """Found by the machine at its long profile (issue #12): one row of two racks, one job, a 0.3 MW battery; the job
+    stops (its start ceiling takes its cap from 1,400 W), the interconnect is curtailed to half, demand goes to rated,
+    the job runs again and the curtailment lifts. Coming back to the cap its ceiling took, the job was granted the
+    whole band between the release and soft levels every period, though the row was over its soft level (its BBUs
+    relieved it, so there was no cut): caps climbed 33 W a period to 1,380 W, the row to 250 kW on its 220 kW, and
+    the controller reported no sheddable load left. What the band leaves under the soft level is the room."""
+    site = small_site(rows=1, racks=2, n_jobs=1, bess_mw=0.3)
+    ctrl = make_controller("dimmer", site)
+    assert isinstance(ctrl, DimmerController)
+    world = World(site)
+    row = site.domain_name.index("r0")
+    prev_cap = np.full(site.n_racks, site.gpu.rated_w)
+
+    def step() -> Actions:
+        nonlocal prev_cap
+        obs = world.observe(1.0)
+        act = ctrl.step(obs)
+        check_actions(site, ctrl, obs, act, prev_cap, world.quiet_steps)
+        prev_cap = act.rack_cap_w.copy()
+        world.apply(act)
+        return act
+
+    def change(**world_attrs: object) -> Actions:
+        for name, value in world_attrs.items():
+            setattr(world, name, value)
+        world.quiet_steps = 0
+        return step()
+
+    step()
+    change(job_running=np.array([False]))
+    ceiled = bool(np.all(prev_cap < site.gpu.rated_w))
+    for scale in (1.0, 1.0, 1.0, 0.5):
+        change(pcc_scale=scale)
+    world.demand_w[:] = site.gpu.rated_w
+    change()
+    change(job_running=np.array([True]))
+    change(pcc_scale=1.0)
+    true_row_w = []
+    for _ in range(2 * QUIET_STEPS):
+        act = step()
+        true_row_w.append(site.domain_load_w(world.rack_true_w())[row])
+    assert ceiled  # the case the machine found: a stopped job held under its start ceiling
+    assert max(true_row_w) <= site.domain_rating_w[row] * (1 + TOL)  # it had drawn 250 kW
+    assert act.planned_domain_w is not None
+    assert act.planned_domain_w[row] <= site.domain_rating_w[row] * (1 + TOL)
+
+
+def test_a_paced_row_falls_at_the_ramp_after_a_campus_cut() -> None:
+    """Found by the machine at its long profile (issue #12): three rows of three racks, one job, no battery, every GPU
+    to its rating (`swing(1.0); hold(10)`). The campus cuts first (1,400 -> 1,249 W), a step that leaves each 330 kW
+    row at 349 kW; a row over its rating with a cool breaker is then brought down at the ramp, from the level it read
+    before that step (the step spent the ramp room the rows would use: paced from where the campus left them,
+    oversubscribed-row went 5.4 s past its ramp limit), so it reaches its rating at the 13th period, not within the
+    10 s window. The property holds a paced row to its pace level; here: never above it, every row fall after the
+    campus's step within one ramp step, and the rows at their rating once the pace has run."""
+    site = small_site(rows=3, racks=3, n_jobs=1, bess_mw=0.0)
+    ctrl = make_controller("dimmer", site)
+    assert isinstance(ctrl, DimmerController)
+    world = World(site)
+    rows = [site.domain_name.index(f"r{i}") for i in range(3)]
+    ramp_step_w = ctrl.p.ramp_margin_frac * site.ramp_limit_w_per_min / 60.0 * ctrl.p.period_s
+    prev_cap = np.full(site.n_racks, site.gpu.rated_w)
+    world.demand_w[:] = site.gpu.rated_w
+    world.quiet_steps = 0
+    plans = []
+    for _ in range(QUIET_STEPS + 4):
+        obs = world.observe(1.0)
+        act = ctrl.step(obs)
+        check_actions(site, ctrl, obs, act, prev_cap, world.quiet_steps)
+        assert act.planned_domain_w is not None
+        plans.append(act.planned_domain_w[rows].copy())
+        if np.all(np.isfinite(ctrl.pace_level_w[rows])):
+            assert np.all(act.planned_domain_w[rows] <= ctrl.pace_level_w[rows] * (1 + TOL))
+        prev_cap = act.rack_cap_w.copy()
+        world.apply(act)
+    falls_w = -np.diff(np.array(plans).sum(axis=1))
+    assert falls_w.max() > 0.5 * ramp_step_w  # the rows were paced down, at about the ramp
+    assert falls_w.max() <= ramp_step_w * (1 + TOL)
+    assert np.all(plans[-1] <= site.domain_rating_w[rows] * (1 + TOL))
