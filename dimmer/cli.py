@@ -311,6 +311,8 @@ async def start_plant_server(
 PLANT_ENDED = "plant ended"
 PLANT_EXITED = "plant exited before its end"
 STOPPED = "stopped"  # a signal (SIGTERM, SIGINT) or the daemon's own error
+# how long the plant may take to write its outputs after its run (the figures of a long run take a while)
+OUTPUTS_WAIT_S = 600.0
 SIM_FILES = ("audit.jsonl", "state.json", "summary.json", "daemon.json", "serve.json")
 
 
@@ -324,6 +326,41 @@ async def _plant_end(proc: asyncio.subprocess.Process) -> tuple[str, float | Non
             if said.get("event") == "ended":
                 return PLANT_ENDED, float(said["t_s"])
     return PLANT_EXITED, None
+
+
+async def plant_outputs_or_stop(proc: asyncio.subprocess.Process, timeout_s: float, on_signals: bool) -> bool:
+    """Wait for the plant to write its outputs and exit. A SIGINT or SIGTERM meanwhile (with `on_signals`) abandons
+    them: the plant is terminated and the answer is False (a stop we were asked for). The daemon has stopped by then,
+    so its own stop handlers did nothing, and Ctrl-C at the end of a long run waited out its figures. Past
+    `timeout_s` the plant is terminated too, and the answer is True: its exit status says it failed. A plant killed
+    while writing leaves only its staging directory, which the next run into the same --out removes."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    if on_signals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+    exited = asyncio.ensure_future(proc.wait())
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({exited, stopped}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if on_signals:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+    if exited.done():
+        return True
+    exited.cancel()
+    why = (
+        "stopped while the plant wrote its outputs"
+        if stop.is_set()
+        else f"the plant's outputs took over {timeout_s:g} s"
+    )
+    logging.getLogger("dimmer.sim").warning("%s: abandoned", why)
+    with contextlib.suppress(ProcessLookupError):
+        proc.terminate()
+    await proc.wait()
+    return not stop.is_set()
 
 
 async def run_sim(
@@ -390,10 +427,8 @@ async def run_sim(
             log.info("%s at t = %g s: stopping the daemon", end, t_s)
         daemon.request_stop(write_safe=False)  # the plant has ended (or we were told to stop): nothing to make safe
         await run
-        if end == PLANT_ENDED:
-            # it is writing its outputs now: wait for them (generously: the figures of a long run take a while)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), timeout=600.0)
+        if end == PLANT_ENDED and not await plant_outputs_or_stop(proc, OUTPUTS_WAIT_S, install_signals):
+            end = STOPPED
     finally:
         if plant is not None:
             plant.cancel()
@@ -458,7 +493,10 @@ def _cmd_run_sim(args: argparse.Namespace) -> int:
             "goodput_pct", "daemon_cycles", "daemon_overruns", "daemon_cycle_ms_p50",
             "daemon_cycle_ms_p99")  # fmt: skip
     print(json.dumps({k: summary.get(k) for k in keys}))
-    print(f"wrote {summary['out_dir']}/summary.json, audit.jsonl, daemon.json")
+    if "scenario" in summary:
+        print(f"wrote {summary['out_dir']}/summary.json, audit.jsonl, daemon.json")
+    else:  # stopped, or the plant failed, before it wrote its report
+        print(f"wrote {summary['out_dir']}/audit.jsonl, daemon.json (the plant wrote no report)")
     end, status_code = summary["end"], summary["plant_exit_status"]
     if end == PLANT_EXITED or (end == PLANT_ENDED and status_code != 0):  # a stop we were asked for is no failure
         sys.stderr.write(f"dimmer: {end} (exit status {status_code}): see {summary['out_dir']}/serve.log\n")

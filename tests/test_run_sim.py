@@ -8,6 +8,7 @@ of `dimmer run --sim` takes the plant child with it, and the child writes no rep
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -17,6 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from dimmer.cli import plant_outputs_or_stop
 
 from .conftest import MINIMAL_SCENARIO
 
@@ -128,3 +131,38 @@ def test_sigkill_of_run_sim_takes_the_plant_child_with_it(tmp_path: Path) -> Non
         for k in kids:
             if not _gone(k):
                 os.kill(k, signal.SIGKILL)
+
+
+async def _slow_plant(code: str) -> asyncio.subprocess.Process:
+    """A child process standing in for a plant writing its outputs: it exits after `code` runs."""
+    return await asyncio.create_subprocess_exec(sys.executable, "-c", code)
+
+
+def test_ctrl_c_while_the_plant_writes_its_outputs_abandons_them() -> None:
+    """After the daemon stopped, its own stop handlers did nothing: Ctrl-C waited out a long run's figures (up to
+    ten minutes). Now a SIGINT then terminates the plant at once: its outputs are abandoned, the answer says so."""
+
+    async def go() -> tuple[bool, float, int | None]:
+        proc = await _slow_plant("import time; time.sleep(120)")
+        asyncio.get_running_loop().call_later(0.3, os.kill, os.getpid(), signal.SIGINT)
+        t0 = time.monotonic()
+        exited = await plant_outputs_or_stop(proc, 120.0, on_signals=True)
+        return exited, time.monotonic() - t0, proc.returncode
+
+    exited, took_s, status = asyncio.run(go())
+    assert not exited and status == -signal.SIGTERM
+    assert took_s < 30.0  # not the plant's 120 s
+
+
+def test_a_plant_that_writes_its_outputs_is_waited_for_and_one_that_hangs_is_ended() -> None:
+    async def go() -> tuple[bool, int | None, bool, int | None]:
+        done = await _slow_plant("import time; time.sleep(0.2)")
+        finished = await plant_outputs_or_stop(done, 60.0, on_signals=True)
+        hung = await _slow_plant("import time; time.sleep(120)")
+        waited = await plant_outputs_or_stop(hung, 0.5, on_signals=False)
+        return finished, done.returncode, waited, hung.returncode
+
+    finished, status, waited, hung_status = asyncio.run(go())
+    assert finished and status == 0
+    # past the wait the plant is ended, and its exit status (not a stop we were asked for) says it failed
+    assert waited and hung_status == -signal.SIGTERM
