@@ -691,6 +691,48 @@ def test_reload_keeps_old_config_when_new_is_invalid(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
+def test_a_reload_whose_state_does_not_fit_restarts_the_start_ramp(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A SIGHUP that changes the site so the controller's filters cannot carry over (here the job split in two) is a start
+    without state: caps at most the safe cap at the next write, then rising at the start ramp's step, said once."""
+    from tests.daemon_fakes import small_config
+    from tests.test_daemon_config import _write
+
+    async def go() -> tuple[np.ndarray, list[np.ndarray], float]:
+        plant, clock = FakePlant(rack_w=100e3, pcc_w=1.5e6), FakeClock()
+        raw = small_config()
+        path = _write(tmp_path, raw)
+        d = Daemon(
+            loaded_config(tmp_path), config_path=path, bus_factory=plant.factory, clock=clock, metrics_address=None
+        )
+        await cycles(d, plant, clock, 3)
+        before = plant.caps_written()
+        assert d.start_ramp is None
+        raw["jobs"] = [{**raw["jobs"][0], "gpus": 768}, {"name": "eval", "priority": 5, "gpus": 128}]
+        _write(tmp_path, raw)
+        caplog.clear()
+        assert await d.reload()
+        assert d.start_ramp is not None
+        written = []
+        for _ in range(6):
+            await step(d)
+            written.append(plant.caps_written())
+            clock.t += 1.0
+            plant.tick()
+        rise_w = start_step_w(d)
+        await d.shutdown()
+        return before, written, rise_w
+
+    before, written, rise_w = asyncio.run(go())
+    assert np.all(before > SAFE_W + 100.0)  # nothing bound before: a drop to the safe cap is the ramp's doing
+    assert np.all(written[0] <= SAFE_W + 1e-6)
+    steps = np.diff(np.stack(written), axis=0)
+    assert 0.0 < steps.max() <= rise_w + 1e-3
+    said = [r for r in caplog.records if "starting at the safe cap" in r.getMessage()]
+    assert len(said) == 1 and "does not fit the new config" in said[0].getMessage()
+
+
 # -- observability -----------------------------------------------------------------------------------------------------
 
 
