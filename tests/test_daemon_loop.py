@@ -694,8 +694,9 @@ def test_reload_keeps_old_config_when_new_is_invalid(tmp_path: Path) -> None:
 def test_a_reload_whose_state_does_not_fit_restarts_the_start_ramp(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A SIGHUP that changes the site so the controller's filters cannot carry over (here the job split in two) is a start
-    without state: caps at most the safe cap at the next write, then rising at the start ramp's step, said once."""
+    """A SIGHUP that changes the site so the controller's filters cannot carry over (here the job split in two) is a
+    start without state: caps at most the safe cap at the next write, then rising at the start ramp's step, said
+    once."""
     from tests.daemon_fakes import small_config
     from tests.test_daemon_config import _write
 
