@@ -40,6 +40,45 @@ def test_the_level_stays_within_the_readings(xs: list[float]) -> None:
         assert min(xs) - 1e-6 <= level <= max(xs) + 1e-6
 
 
+def test_a_swing_slower_than_the_window_is_averaged_over_whole_periods() -> None:
+    """An 8 s RL iteration read at 1 s (4 readings of training, 4 of rollouts): a mean over 6 readings swings with it,
+    by a third of the swing; once the readings show their period the window spans one (8), and the level holds."""
+    f = SwingLevel(6, tol_abs=0.1, max_length=40)
+    fixed = SwingLevel(6, tol_abs=0.1)  # the window that cannot grow: what the level was
+    wave = [8.4, 8.4, 8.4, 8.4, 5.3, 5.3, 5.3, 5.3] * 8
+    levels = [f.update(x) for x in wave]
+    fixed_levels = [fixed.update(x) for x in wave]
+    assert f.period == 8 and f.window == 8
+    assert np.ptp(levels[-16:]) < 1e-9 and abs(levels[-1] - 6.85) < 1e-9  # the mean of a whole period
+    assert np.ptp(fixed_levels[-16:]) > 0.9  # (6 readings: 4 of one phase and 2 of the other, then the reverse)
+    # a step is still followed within two readings, and the level is then the new load's
+    assert f.update(12.0) == levels[-1] and not f.stepped
+    assert f.update(12.0) == 12.0 and f.stepped
+
+
+def test_an_aliased_swing_keeps_the_least_window_and_noise_or_a_ramp_shows_no_period() -> None:
+    f = SwingLevel(6, max_length=40)
+    for x in [15.0, 14.0] * 20:
+        f.update(x)
+    assert f.period == 2 and f.window == 6  # 6 readings already span whole periods of a 2-reading wobble
+    rng = np.random.default_rng(3)
+    noisy = SwingLevel(6, max_length=40)
+    for x in 10.0 + rng.standard_normal(120):
+        noisy.update(float(x))
+    assert noisy.period == 0 and noisy.window == 6
+    ramp = SwingLevel(6, max_length=40)
+    for k in range(120):
+        ramp.update(10.0 + 0.01 * k)
+    assert ramp.period == 0 and ramp.window == 6
+
+
+def test_a_period_longer_than_the_longest_window_keeps_the_least_one() -> None:
+    f = SwingLevel(6, tol_abs=0.1, max_length=12)
+    for x in ([8.0] * 9 + [5.0] * 9) * 6:  # an 18-reading period: more than max_length, not found
+        f.update(x)
+    assert f.window == 6
+
+
 def test_half_cycles_charge_each_reversal_at_half_its_depth_weight() -> None:
     """SoC 1.0 -> 0.6 -> 1.0 on a 0.5 window: a 0.8-deep run down, closed by the turn, then one up."""
     c = HalfCycles(1, window_frac=0.5)

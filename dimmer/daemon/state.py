@@ -124,10 +124,13 @@ def _level_from(f: SwingLevel, d: Any, what: str) -> None:
         return
     if not isinstance(d, dict):
         raise StateMismatch(f"{what}: not a level filter")
+    if "hist" not in d:  # saved before the window followed the readings' period (a buffer as long as the least
+        return  # window): the level learns afresh, as at a first start, rather than refusing the rest
     buf = _dec_arr(d.get("buf"), f._buf.shape, f"{what}.buf")
     i, seen = d.get("i"), d.get("seen")
     if not isinstance(i, int) or not 0 <= i < f._buf.shape[0] or not isinstance(seen, int) or seen < 0:
         raise StateMismatch(f"{what}.i / seen: out of range")
+    f._hist[...] = _dec_arr(d.get("hist"), f._hist.shape, f"{what}.hist")
     f._buf[...] = buf
     f._i, f._seen = i, seen
     f.span = max(_dec_f(d.get("span", 0.0), f"{what}.span"), 0.0)
@@ -148,6 +151,7 @@ def dimmer_to_dict(c: DimmerController) -> dict[str, Any]:
             "buf": _enc(c.bus_level._buf),
             "i": c.bus_level._i,
             "seen": c.bus_level._seen,
+            "hist": _enc(c.bus_level._hist),
             "span": _enc_f(c.bus_level.span),
         },
         "bbu_allowance": _enc(c.bbus.allowance),
