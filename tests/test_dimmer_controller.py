@@ -494,6 +494,20 @@ def test_stale_racks_widen_the_tolerance_rather_than_flag_the_meter() -> None:
     assert v.status == "ok" and v.used_w == 3.5e6
 
 
+def test_a_meter_that_reads_low_from_its_first_reading_is_not_learned_as_healthy() -> None:
+    """The import is never less than the racks' sum (within the tolerance): a meter that reads half of it from the
+    start is flagged at once, and the racks stand in. (It was taken as healthy at start, its -50 % "overhead"
+    learned: the stateful property found a curtailment to half the racks' draw with nothing cut.)"""
+    check = _check()
+    for k in range(30):
+        racks = 4e6 + (2e4 if k % 2 else -2e4)
+        v = check.update(0.5 * racks, True, racks, 0.0, 0.0, LIMIT_W, 1.0)
+        assert v.status == "low" and v.used_w == v.estimate_w >= racks - 0.02 * LIMIT_W
+    # a meter over the racks from the start (an unmetered overhead) is still learned as healthy
+    over = _check()
+    _healthy(over, 30, overhead_w=4e5)
+
+
 def _half_meter(site: SiteModel, t_s: float, **kw: Any) -> Observation:
     true_w = _obs(site, t_s, 700.0).pcc_power_w
     return _obs(site, t_s, 700.0, pcc_power_w=0.5 * true_w, **kw)

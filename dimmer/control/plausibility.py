@@ -107,10 +107,16 @@ class PccCheck:
         interconnect limit in force. Returns what to plan on."""
         base_tol = self.tol_frac * (limit_w if math.isfinite(limit_w) and limit_w > 0 else self.scale_w)
         learnable = unknown_w <= 0.5 * base_tol  # the racks' picture is near complete
-        if self.sums[0] <= 0 and learnable and pcc_fresh and math.isfinite(pcc_w) and math.isfinite(rack_sum_w):
+        # The import carries every rack and what no rack meter sees, less the battery: it is never less than the
+        # racks' sum (within the tolerance). A meter under that is no fit to learn, even at the first reading: one
+        # that read half from its start was taken as healthy, its -50 % "overhead" learned, and a curtailment to half
+        # the racks' draw then found nothing to cut (the stateful property at its long profile).
+        racks_floor_w = rack_sum_w - base_tol
+        first = self.sums[0] <= 0 and learnable and pcc_fresh and math.isfinite(pcc_w) and math.isfinite(rack_sum_w)
+        if first and pcc_w + bess_w >= racks_floor_w:
             self._learn(pcc_w + bess_w, rack_sum_w, pcc_w + bess_w, 0.0, dt_s)  # taken as healthy at start
         gain, offset_w = self.fit()
-        estimate = gain * rack_sum_w + offset_w - bess_w
+        estimate = max(gain * rack_sum_w + offset_w, racks_floor_w) - bess_w
         # Readings taken over slightly different windows disagree by up to one period's movement of what they measure.
         moved = abs(rack_sum_w - self.last_rack_w) + abs(bess_w - self.last_bess_w)
         tol = base_tol + (moved if math.isfinite(moved) else 0.0) + unknown_w

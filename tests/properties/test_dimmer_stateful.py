@@ -561,3 +561,20 @@ def test_a_paced_row_falls_at_the_ramp_after_a_campus_cut() -> None:
     assert falls_w.max() > 0.5 * ramp_step_w  # the rows were paced down, at about the ramp
     assert falls_w.max() <= ramp_step_w * (1 + TOL)
     assert np.all(plans[-1] <= site.domain_rating_w[rows] * (1 + TOL))
+
+
+def test_a_meter_reading_half_from_the_start_does_not_hide_a_curtailment() -> None:
+    """Found by the machine at its long profile (seed 20261206): one row of two racks, one job, no battery;
+    `pcc_meter_lies(half); curtail(0.5); hold(10)`. The PCC check took the meter's first reading as healthy and
+    learned its -50 % as unmetered overhead, so the meter agreed with the racks at half their draw; the curtailed
+    limit (120 kW) then looked met, and the campus stayed planned at 216 kW with the job uncapped. The import is never
+    less than the racks' sum: the meter is flagged from its first reading and the campus is cut at once."""
+    m = DimmerMachine()
+    m.build(rows=1, racks=2, n_jobs=1, bess_mw=0.0)
+    m.pcc_meter_lies(lie="half")
+    m.curtail(scale=0.5)
+    m.hold(n=10)  # check_actions: the campus planned within its limit once quiet
+    obs = m.world.observe(1.0)
+    act = m.ctrl.step(obs)
+    assert act.planned_domain_w is not None and act.planned_domain_w[0] <= obs.pcc_limit_w * (1 + TOL)
+    assert any("reads low" in r.reason for r in act.reasons)
