@@ -564,6 +564,26 @@ def test_restart_with_valid_state_restores_it_without_the_start_ramp(
     assert "restored from" in caplog.text and "starting at the safe cap" not in caplog.text
 
 
+def test_a_state_saved_before_the_level_followed_the_swing_period_is_restored_with_its_level_afresh(
+    tmp_path: Path,
+) -> None:
+    """A state file from before the campus level's window followed the readings' period (its level buffer as long as
+    the least window, no history): the rest is restored, the level learned afresh, rather than refusing the file and
+    starting at the safe cap."""
+    path = tmp_path / "state.json"
+    doc = _saved_doc()
+    doc["state"]["cap_w"] = {"shape": [1], "data": [1300.0]}
+    level = doc["state"]["bus_level"]
+    del level["hist"]
+    level["buf"] = {"shape": [6], "data": [1.5e6] * 6}
+    _write_doc(path, doc)
+    plant, clock = FakePlant(rack_w=100e3, pcc_w=1.5e6), FakeClock()
+    d = make(plant, clock, tmp_path, sections={"daemon": {"state_file": str(path), "metrics_address": ""}})
+    assert d._restored and d.start_ramp is None
+    assert d.controller.cap_w[0] == 1300.0  # type: ignore[attr-defined]
+    assert d.controller.bus_level.warming  # type: ignore[attr-defined]
+
+
 def test_first_start_without_state_file_starts_fresh_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="dimmer.daemon")
     plant, clock = FakePlant(rack_w=100e3, pcc_w=1.5e6), FakeClock()
