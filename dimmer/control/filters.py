@@ -94,7 +94,7 @@ class SwingLevel:
     full-peak and mixed windows), which a low-pass passes on, out of phase, to whatever follows it. The window mean
     rejects it, as long as the window spans whole periods of the wobble: a mean over 6 readings of an 8 s RL
     iteration (3.6 s of training, 4.4 s of rollouts) swings with it, and a battery following that level charged on
-    every training phase (slow-rl: in-band RMS 1.57 MW against demand's 1.31 MW, 0.5 MW more peak import). So the
+    every training phase (slow-rl: the grid's in-band RMS 1.57 MW against demand's 1.31 MW). So the
     window is `length` readings, or the least whole number of the readings' period at or above it where the readings
     show one (`period`, at most `max_length`).
 
