@@ -130,7 +130,10 @@ def _level_from(f: SwingLevel, d: Any, what: str) -> None:
     i, seen = d.get("i"), d.get("seen")
     if not isinstance(i, int) or not 0 <= i < f._buf.shape[0] or not isinstance(seen, int) or seen < 0:
         raise StateMismatch(f"{what}.i / seen: out of range")
-    f._hist[...] = _dec_arr(d.get("hist"), f._hist.shape, f"{what}.hist")
+    hist = _dec_arr(d.get("hist"), f._hist.shape, f"{what}.hist")
+    if np.isinf(buf).any() or np.isinf(hist).any():  # (NaN is an empty slot; an infinite reading is no reading)
+        raise StateMismatch(f"{what}: an infinite reading")
+    f._hist[...] = hist
     f._buf[...] = buf
     f._i, f._seen = i, seen
     f.span = max(_dec_f(d.get("span", 0.0), f"{what}.span"), 0.0)
