@@ -506,6 +506,9 @@ def test_a_meter_that_reads_low_from_its_first_reading_is_not_learned_as_healthy
     # a meter over the racks from the start (an unmetered overhead) is still learned as healthy
     over = _check()
     _healthy(over, 30, overhead_w=4e5)
+    # and one under them by no more than the generation the site declares behind the meter (a gas turbine, solar)
+    generating = PccCheck(LIMIT_W, tol_frac=0.02, learn_tau_s=1800.0, stuck_s=3.0, generation_w=1.5e6)
+    _healthy(generating, 30, overhead_w=-1.5e6)
 
 
 def _half_meter(site: SiteModel, t_s: float, **kw: Any) -> Observation:

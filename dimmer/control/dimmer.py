@@ -124,6 +124,9 @@ class DimmerParams(Strict):
     pcc_check_frac: float = Field(default=0.02, gt=0, le=1)
     pcc_learn_tau_s: float = Field(default=1800.0, gt=0)  # how slowly the unmetered overhead is learned
     pcc_stuck_s: float = Field(default=3.0, gt=0)  # an exactly repeated PCC reading this long, racks moving: stuck
+    # the most that on-site generation behind the PCC meter gives: the import is never under the racks' sum by more
+    # (0, most campuses: a meter reading under the racks is wrong, a CT ratio say, and the racks stand in)
+    behind_meter_generation_w: float = Field(default=0.0, ge=0)
     safe_cap_frac: float = Field(default=0.6, gt=0, le=1)  # of rated: where stale telemetry sends a cap
 
 
@@ -187,7 +190,13 @@ class DimmerController:
         spread = ramp_w_per_s * params.ramp_margin_frac * self.eta / all_gpus
         default_release = spread if math.isfinite(spread) else gpu.rated_w
         self.floor_release_w_per_s = params.floor_release_w_per_s or default_release
-        self.pcc_check = PccCheck(site.pcc_limit_w, params.pcc_check_frac, params.pcc_learn_tau_s, params.pcc_stuck_s)
+        self.pcc_check = PccCheck(
+            site.pcc_limit_w,
+            params.pcc_check_frac,
+            params.pcc_learn_tau_s,
+            params.pcc_stuck_s,
+            generation_w=params.behind_meter_generation_w,
+        )
         self.rack_max_w = site.rack_max_w()
         # rack -> the domains above it (CSR rows), for the floors' bound
         self._rack_domains = sp.csr_array(site.incidence.T)

@@ -54,7 +54,9 @@ class PccCheck:
     """Cross-check of the PCC meter against the rack sum; one instance per site, stepped every control period.
 
     `scale_w` (the nominal interconnect limit) normalises the fit; `tol_frac` is the agreement band as a share of
-    the limit in force; `stuck_s` how long an exactly repeated reading must last, while the racks move, to be stuck.
+    the limit in force; `stuck_s` how long an exactly repeated reading must last, while the racks move, to be stuck;
+    `generation_w` the most that on-site generation behind the meter gives (the import may be that far under the
+    racks' sum: 0 for a site with none).
     """
 
     def __init__(
@@ -65,8 +67,10 @@ class PccCheck:
         stuck_s: float,
         prior_frac: float = 0.2,
         start_weight_s: float | None = None,
+        generation_w: float = 0.0,
     ) -> None:
         self.scale_w = scale_w if math.isfinite(scale_w) and scale_w > 0 else 1.0
+        self.generation_w = generation_w  # the most on-site generation behind the meter gives (W)
         self.tol_frac = tol_frac
         self.learn_tau_s = learn_tau_s
         self.stuck_s = stuck_s
@@ -107,13 +111,14 @@ class PccCheck:
         interconnect limit in force. Returns what to plan on."""
         base_tol = self.tol_frac * (limit_w if math.isfinite(limit_w) and limit_w > 0 else self.scale_w)
         learnable = unknown_w <= 0.5 * base_tol  # the racks' picture is near complete
-        # The import carries every rack and what no rack meter sees, less the battery: it is never less than the
-        # racks' sum (within the tolerance). A meter under that is no fit to learn, even at the first reading: one
-        # that read half from its start was taken as healthy, its -50 % "overhead" learned, and a curtailment to half
-        # the racks' draw then found nothing to cut (the stateful property at its long profile).
-        racks_floor_w = rack_sum_w - base_tol
-        first = self.sums[0] <= 0 and learnable and pcc_fresh and math.isfinite(pcc_w) and math.isfinite(rack_sum_w)
-        if first and pcc_w + bess_w >= racks_floor_w:
+        # The import carries every rack and what no rack meter sees, less the battery and any generation behind the
+        # meter: it is never less than the racks' sum less that generation (within the tolerance). A meter under that
+        # is no fit to learn, even at its first reading: one that read half from its start (a wrong CT ratio) was
+        # taken as healthy, its -50 % "overhead" learned, and a curtailment to half the racks' draw then found
+        # nothing to cut (the stateful property at its long profile).
+        racks_floor_w = rack_sum_w - self.generation_w - base_tol
+        plausible = pcc_fresh and math.isfinite(pcc_w) and pcc_w + bess_w >= racks_floor_w
+        if self.sums[0] <= 0 and learnable and plausible and math.isfinite(rack_sum_w):
             self._learn(pcc_w + bess_w, rack_sum_w, pcc_w + bess_w, 0.0, dt_s)  # taken as healthy at start
         gain, offset_w = self.fit()
         estimate = max(gain * rack_sum_w + offset_w, racks_floor_w) - bess_w
@@ -132,7 +137,7 @@ class PccCheck:
             self.flagged = LOW if diff < 0 else HIGH
         else:
             self.flagged = ""
-        if not stuck and learnable:
+        if not stuck and learnable and (self.sums[0] > 0 or plausible):  # (no start from an implausible reading)
             self._learn(pcc_w + bess_w, rack_sum_w, gain * rack_sum_w + offset_w, 0.5 * base_tol, dt_s)
         if stuck:
             return PccVerdict(STUCK, estimate, estimate, tol)

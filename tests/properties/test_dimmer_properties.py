@@ -119,8 +119,9 @@ def test_the_pcc_check_never_overrides_a_healthy_meter(
     overhead_w: float, steps: list[tuple[float, float, float, float, bool]]
 ) -> None:
     """A meter that reads the truth (the racks, a constant overhead no rack meter sees, less the battery) is always
-    plausible: the check plans on its reading exactly, every period it is there."""
-    check = PccCheck(6e6, tol_frac=0.02, learn_tau_s=1800.0, stuck_s=3.0)
+    plausible: the check plans on its reading exactly, every period it is there. (A negative overhead is generation
+    behind the meter, which the site declares: the import is never under the racks' sum by more.)"""
+    check = PccCheck(6e6, tol_frac=0.02, learn_tau_s=1800.0, stuck_s=3.0, generation_w=max(-overhead_w, 0.0))
     seen = False
     for rack_w, bess_w, limit_w, dt_s, missing in steps:
         pcc_w = rack_w + overhead_w - bess_w
