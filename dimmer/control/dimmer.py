@@ -246,7 +246,9 @@ class DimmerController:
         """Per job, the share of its peak its readings may hide: `hidden_peak_frac` where its racks' window shows a
         swing, none where every one of its racks read flat across the window (spread within `flat_frac`)."""
         site, p = self.site, self.p
-        peak = site.gpu_draw_for_rack_w(self.rack_env.peak())
+        # (a reading above the rack's cap in force tells nothing of how it swings now: a rack cut from a flat 1,400 W
+        # to 1,352 W read a 48 W spread across its window, its own cut taken for a swing)
+        peak = np.fmin(site.gpu_draw_for_rack_w(self.rack_env.peak()), self._rack_caps())
         trough = site.gpu_draw_for_rack_w(self.rack_env.trough())
         spread = np.where(np.isfinite(peak) & np.isfinite(trough), peak - trough, np.inf)
         swings = ~(spread <= p.flat_frac * np.fmax(gpu_env_w, 0.0))
@@ -254,6 +256,47 @@ class DimmerController:
         np.logical_or.at(job_swings, site.rack_job[self.running_rack], swings[self.running_rack])
         out: FloatArray = np.where(job_swings, p.hidden_peak_frac, 0.0)
         return out
+
+    def _shed_past_the_draw(
+        self,
+        cut: FloatArray,
+        reduction: FloatArray,
+        unmet: FloatArray,
+        effective: FloatArray,
+        room: FloatArray,
+        hidden_frac: FloatArray,
+        gpu_env_w: FloatArray,
+    ) -> tuple[FloatArray, FloatArray]:
+        """(per-GPU reduction per job, cut left unmet per domain), with what the uniform cut missed shed again.
+
+        One cap per job sheds nothing on a rack drawing under the new cap, yet the allocation counts every GPU of the
+        job as giving the whole cut. Where a job's racks read flat (no peak hidden: the readings are the draw), what
+        each rack gives is known; a domain that asked for more than its racks give is cut again, on the GPUs that
+        give (two passes). A swinging job's readings understate its peaks, so its racks are taken to give the cut
+        as before. (The stateful machine at its long profile: one job whose row held a rack at 1,400 W beside one
+        at 1,138 W took three periods of cuts past its window to reach its rating.)"""
+        site = self.site
+        flat_rack = self.running_rack & (hidden_frac[self.job_rack] <= 0.0)
+        if not (flat_rack.any() and np.any(cut > 0)):
+            return reduction, unmet
+        gpus_rack = site.rack_active_gpus.astype(np.float64) * self.running_rack
+        draw_w = np.minimum(gpu_env_w, effective[self.job_rack])
+        for again in (True, True, False):  # two passes more, then what is still unmet
+            new_cap = (effective - reduction)[self.job_rack]
+            gives = np.where(flat_rack, np.maximum(draw_w - new_cap, 0.0), reduction[self.job_rack])
+            given_w = site.domain_load_w(gpus_rack * gives) / self.eta
+            short_w = np.where(cut > 0, np.maximum(cut - given_w, 0.0), 0.0)
+            unmet = np.where(short_w > 1e-6 * np.maximum(cut, 1.0), short_w, 0.0)  # (not float dust)
+            if not (again and np.any(unmet > 0)):
+                break
+            giving = np.where(flat_rack, draw_w > new_cap, True) & self.running_rack
+            member = sp.csr_array(
+                (gpus_rack[giving], (np.flatnonzero(giving), site.rack_job[giving])), shape=(site.n_racks, site.n_jobs)
+            )
+            gpus_giving = np.asarray((site.incidence @ member).toarray(), dtype=np.float64)
+            more, _ = shed(unmet, gpus_giving, np.maximum(room - reduction, 0.0), self.groups, self.eta)
+            reduction = reduction + more
+        return reduction, unmet
 
     def _pace_cuts(
         self,
@@ -662,12 +705,14 @@ class DimmerController:
             # (its peak and the share a swing may hide; none where its readings are flat, a load that does not
             # swing) holds nothing: cut from there, or the first cuts are spent above the draw and a rack over its
             # rating waits a window more for its cut (found by the stateful machine at its long profile).
-            job_peak_bound = np.minimum(gpu.rated_w, job_peak * (1.0 + self._job_hidden_frac(gpu_env)))
+            hidden_frac = self._job_hidden_frac(gpu_env)
+            job_peak_bound = np.minimum(gpu.rated_w, job_peak * (1.0 + hidden_frac))
             effective = np.where(
                 self.cap_w < gpu.rated_w, np.minimum(self.cap_w, job_peak_bound), np.minimum(gpu.rated_w, job_peak)
             )
             room = np.maximum(effective - gpu.min_cap_w, 0.0)
             reduction, unmet = shed(cut, self.gpus, room, self.groups, self.eta)
+            reduction, unmet = self._shed_past_the_draw(cut, reduction, unmet, effective, room, hidden_frac, gpu_env)
             new_cap = np.where(reduction > 0, effective - reduction, self.cap_w)
             # the interconnect against its bound: the live racks at these caps, after the battery and the BBUs
             live_gpus = self._live_gpus(live_rack)

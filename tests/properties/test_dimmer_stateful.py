@@ -578,3 +578,28 @@ def test_a_meter_reading_half_from_the_start_does_not_hide_a_curtailment() -> No
     act = m.ctrl.step(obs)
     assert act.planned_domain_w is not None and act.planned_domain_w[0] <= obs.pcc_limit_w * (1 + TOL)
     assert any("reads low" in r.reason for r in act.reasons)
+
+
+def test_a_cut_its_racks_do_not_give_is_cut_again_where_the_draw_is_known() -> None:
+    """Found by the machine at its long profile (seed 99): three rows of two racks, one job, no battery; the job's
+    racks to a quarter of rated, then row r2's racks to 1.0 and 0.8125 of rated (the others idle), half a second on.
+    The row's RMS crosses its 220 kW rating as its window fills; its cuts fell on one cap for the job, which sheds
+    nothing on the rack drawing 1,138 W under it, and the other rack's own cut read as a swing: r2 was still planned
+    at 223.1 kW at the 11th quiet step. Where the job reads flat, what each rack gives is known and the rest of the
+    row's cut is cut again: the row is planned at its rating from the first period its cut binds."""
+    m = DimmerMachine()
+    m.build(rows=3, racks=2, n_jobs=1, bess_mw=0.0)
+    m.world.demand_w[:] = 0.25 * m.site.gpu.rated_w
+    m._changed()
+    m._step()
+    m.battery(online=False)
+    m.world.demand_w = np.array([0.0, 0.0, 0.0, 0.0, 1.0, 0.8125]) * m.site.gpu.rated_w
+    m._changed()
+    m._step(0.5)
+    m.hold(n=10)  # check_actions: every row planned within its rating once quiet (it failed at the 11th step)
+    row = m.site.domain_name.index("r2")
+    obs = m.world.observe(1.0)
+    act = m.ctrl.step(obs)
+    assert act.planned_domain_w is not None
+    assert act.planned_domain_w[row] <= m.site.domain_rating_w[row] * (1 + TOL)
+    assert not any(r.reason == "no sheddable load left for the cut" for r in act.reasons)
