@@ -680,6 +680,26 @@ def test_non_finite_log_is_rate_limited_per_kind(caplog: pytest.LogCaptureFixtur
     assert sum("bess_setpoint_w" in m for m in said) == 1
 
 
+def test_a_last_audit_record_asked_for_during_a_cycle_is_written_after_it(tmp_path: Path) -> None:
+    """`dimmer run --sim` tells the daemon why it stops (the plant ended) while a cycle may be in flight: the reason
+    is the audit log's last record, after that cycle's (written at once, a busy CI machine's last cycle landed after
+    it)."""
+
+    async def go() -> None:
+        plant, clock = FakePlant(), FakeClock()
+        d = make(plant, clock, tmp_path, sections={"daemon": {"audit_log": "audit.jsonl", "metrics_address": ""}})
+        await cycles(d, plant, clock, 2)
+        in_flight = asyncio.ensure_future(d.cycle())  # scheduled, not yet run: the stop is asked for meanwhile
+        d.request_stop(write_safe=False, last_audit={"event": "plant_ended", "t_s": 3.0})
+        await in_flight
+        await d.shutdown()
+
+    asyncio.run(go())
+    records = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert records[-1]["event"] == "plant_ended" and records[-1]["t_s"] == 3.0
+    assert records[-2]["cycle"] == 3  # the cycle that was in flight, before it
+
+
 # -- reload ------------------------------------------------------------------------------------------------------------
 
 

@@ -185,6 +185,7 @@ class Daemon:
         self._stop: asyncio.Event | None = None  # created in run(), on the running loop
         self._stop_requested = False
         self._write_safe_on_stop = True
+        self._last_audit: dict[str, Any] | None = None  # the audit log's last record, written as it closes
         self._reload_requested = False
         self._t0_mono = clock()
         self.non_finite = NonFiniteLog()  # what the controller decided that is not a number: said once a minute
@@ -249,10 +250,14 @@ class Daemon:
         if new is Mode.FAILSAFE:
             self.metrics.failsafe.inc()
 
-    def request_stop(self, write_safe: bool = True) -> None:
-        """Stop after the current cycle; write safe caps first unless `write_safe` is False (or dry-run)."""
+    def request_stop(self, write_safe: bool = True, last_audit: dict[str, Any] | None = None) -> None:
+        """Stop after the current cycle; write safe caps first unless `write_safe` is False (or dry-run).
+        `last_audit`, if given, is the audit log's last record: written as the log closes, after the record of a
+        cycle that was in flight when the stop was asked for."""
         self._stop_requested = True
         self._write_safe_on_stop = self._write_safe_on_stop and write_safe
+        if last_audit is not None:
+            self._last_audit = last_audit
         if self._stop is not None:
             self._stop.set()
 
@@ -495,6 +500,8 @@ class Daemon:
             self.audit.write({"event": "stop", "mode": Mode.STOPPING.value, "writes": audit_entries(writes, results)})
         self._save_state()
         await close_buses(self.handles)
+        if self._last_audit is not None:
+            self.audit.write(self._last_audit)
         self.audit.close()
         self.metrics.close()
         self.notifier.close()
