@@ -219,13 +219,14 @@ class DimmerMachine(RuleBasedStateMachine):
     def _changed(self) -> None:
         self.world.quiet_steps = 0
 
-    def _step(self, dt_s: float = 1.0) -> None:
+    def _step(self, dt_s: float = 1.0) -> Actions:
         obs = self.world.observe(dt_s)
         act = self.ctrl.step(obs)
         check_actions(self.site, self.ctrl, obs, act, self.prev_cap, self.world.quiet_steps)
         self.prev_cap = act.rack_cap_w.copy()
         self.world.apply(act)
         self.steps += 1
+        return act
 
     # -- time and load -------------------------------------------------------------------------------------------
 
@@ -488,31 +489,20 @@ def test_a_job_back_from_its_start_ceiling_does_not_climb_into_bbu_relief() -> N
     whole band between the release and soft levels every period, though the row was over its soft level (its BBUs
     relieved it, so there was no cut): caps climbed 33 W a period to 1,380 W, the row to 250 kW on its 220 kW, and
     the controller reported no sheddable load left. What the band leaves under the soft level is the room."""
-    site = small_site(rows=1, racks=2, n_jobs=1, bess_mw=0.3)
-    ctrl = make_controller("dimmer", site)
-    assert isinstance(ctrl, DimmerController)
-    world = World(site)
+    m = DimmerMachine()
+    m.build(rows=1, racks=2, n_jobs=1, bess_mw=0.3)
+    site, world = m.site, m.world
     row = site.domain_name.index("r0")
-    prev_cap = np.full(site.n_racks, site.gpu.rated_w)
-
-    def step() -> Actions:
-        nonlocal prev_cap
-        obs = world.observe(1.0)
-        act = ctrl.step(obs)
-        check_actions(site, ctrl, obs, act, prev_cap, world.quiet_steps)
-        prev_cap = act.rack_cap_w.copy()
-        world.apply(act)
-        return act
 
     def change(**world_attrs: object) -> Actions:
         for name, value in world_attrs.items():
             setattr(world, name, value)
-        world.quiet_steps = 0
-        return step()
+        m._changed()
+        return m._step()
 
-    step()
+    m._step()
     change(job_running=np.array([False]))
-    ceiled = bool(np.all(prev_cap < site.gpu.rated_w))
+    ceiled = bool(np.all(m.prev_cap < site.gpu.rated_w))
     for scale in (1.0, 1.0, 1.0, 0.5):
         change(pcc_scale=scale)
     world.demand_w[:] = site.gpu.rated_w
@@ -521,7 +511,7 @@ def test_a_job_back_from_its_start_ceiling_does_not_climb_into_bbu_relief() -> N
     change(pcc_scale=1.0)
     true_row_w = []
     for _ in range(2 * QUIET_STEPS):
-        act = step()
+        act = m._step()
         true_row_w.append(site.domain_load_w(world.rack_true_w())[row])
     assert ceiled  # the case the machine found: a stopped job held under its start ceiling
     assert max(true_row_w) <= site.domain_rating_w[row] * (1 + TOL)  # it had drawn 250 kW
