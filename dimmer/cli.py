@@ -419,15 +419,16 @@ async def run_sim(
         run = asyncio.create_task(daemon.run())
         plant = asyncio.create_task(_plant_end(proc))
         await asyncio.wait({run, plant}, return_when=asyncio.FIRST_COMPLETED)
+        why: dict[str, Any] | None = None
         if plant.done():
             end, plant_t_s = plant.result()
             t_s = plant_t_s if plant_t_s is not None else daemon.last.obs.t_s if daemon.last is not None else 0.0
             # the daemon's last word in its audit: why it stopped (written as the log closes, after the record of a
             # cycle in flight now: written here, a busy machine's last cycle landed after it)
             why = {"event": "plant_ended" if end == PLANT_ENDED else "plant_exited", "t_s": round(t_s, 3)}
-            daemon.request_stop(write_safe=False, last_audit=why)
             log.info("%s at t = %g s: stopping the daemon", end, t_s)
-        daemon.request_stop(write_safe=False)  # the plant has ended (or we were told to stop): nothing to make safe
+        # the plant has ended (or we were told to stop): nothing to make safe
+        daemon.request_stop(write_safe=False, last_audit=why)
         await run
         if end == PLANT_ENDED and not await plant_outputs_or_stop(proc, OUTPUTS_WAIT_S, install_signals):
             end = STOPPED
