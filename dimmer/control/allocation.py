@@ -19,10 +19,11 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 
-def job_gpus_per_domain(site: SiteModel) -> FloatArray:
-    """(n_domains, n_jobs): running GPUs of each job under each domain (spare racks excluded)."""
+def job_gpus_per_domain(site: SiteModel, among: npt.NDArray[np.bool_] | None = None) -> FloatArray:
+    """(n_domains, n_jobs): running GPUs of each job under each domain (spare racks excluded), counting only the
+    racks in `among` where it is given."""
     running = (site.rack_job >= 0) & ~site.rack_is_spare
-    racks = np.flatnonzero(running)
+    racks = np.flatnonzero(running if among is None else running & among)
     member = sp.csr_array(
         (site.rack_active_gpus[racks].astype(np.float64), (racks, site.rack_job[racks])),
         shape=(site.n_racks, max(site.n_jobs, 1)),

@@ -289,11 +289,7 @@ class DimmerController:
             unmet = np.where(short_w > 1e-6 * np.maximum(cut, 1.0), short_w, 0.0)  # (not float dust)
             if not (again and np.any(unmet > 0)):
                 break
-            giving = np.where(flat_rack, draw_w > new_cap, True) & self.running_rack
-            member = sp.csr_array(
-                (gpus_rack[giving], (np.flatnonzero(giving), site.rack_job[giving])), shape=(site.n_racks, site.n_jobs)
-            )
-            gpus_giving = np.asarray((site.incidence @ member).toarray(), dtype=np.float64)
+            gpus_giving = job_gpus_per_domain(site, among=np.where(flat_rack, draw_w > new_cap, True))
             more, _ = shed(unmet, gpus_giving, np.maximum(room - reduction, 0.0), self.groups, self.eta)
             reduction = reduction + more
         return reduction, unmet
