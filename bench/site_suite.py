@@ -15,8 +15,10 @@ Prints, per site, a markdown table (one row per controller) and a verdict line f
      limit (0 trips, 0 s over the interconnect limit, and ramp violations no worse than the best baseline's);
   5. energy overhead no more than max(1 %, the least a limit-holding baseline burns);
   6. where the summary has them: rack BBUs within 1 depth-weighted cycle a day (`bbu_cycles_per_day`) and
-     >= 60 s of ride-through left (`min_bbu_ride_through_s`); `none` is shown beside it, since with BBUs that are
-     backup only the ride-through is the storage's sizing, not the controller's doing.
+     >= 60 s of ride-through left (`min_bbu_ride_through_s`), or, where the BBUs as the site sized them hold less
+     than 60 s with no controller at all (`none`: backup only), no less than they hold there: what is "left" is
+     what the controller has not spent, and no controller can leave more than the storage holds (slow-rl's
+     12 kW / 0.2 kWh shelves carry its ~110 kW racks for 6.5 s when full).
 
 A benchmark: it reports, it never passes or fails (exit status 0 unless a site cannot be loaded or run: 1).
 """
@@ -190,9 +192,11 @@ def verdict(rows: dict[str, dict[str, Any]], judged: str = "dimmer") -> list[str
         )
     ride = d.get("min_bbu_ride_through_s")
     if ride is not None:
+        sized_s = ref.get("min_bbu_ride_through_s")
+        goal_s = BBU_RIDE_THROUGH_GOAL_S if sized_s is None else min(BBU_RIDE_THROUGH_GOAL_S, sized_s)
         goal(
-            ride >= BBU_RIDE_THROUGH_GOAL_S - EPS,
-            f"BBU ride-through: {ride:.3g} s at least (goal >= {BBU_RIDE_THROUGH_GOAL_S:g} s; "
+            ride >= goal_s - EPS,
+            f"BBU ride-through: {ride:.3g} s at least (goal >= {goal_s:.3g} s; "
             f"`none` {_fmt(ref.get('min_bbu_ride_through_s'), '{:.3g}')} s)",
         )
     return lines

@@ -202,6 +202,34 @@ def test_caps_rise_slowly_once_load_is_back_under_the_release_level() -> None:
     assert caps[-1].min() > low.min()
 
 
+def test_a_job_cut_once_under_a_reporting_breaker_comes_back_through_the_band_to_its_peak() -> None:
+    """A row at 99 % of its rating as an RMS (readings alternating 101 % and 97 %) whose breaker reports itself cool:
+    the first reading alone reads 101 % and the low-priority job is cut at the ramp. Its readings then never leave
+    the band between the release (98 %) and soft (100 %) levels; held under the release level, its cap stayed under
+    its peak to the end (site-99pct: 0.12 % of goodput). It comes back to its peak, and is not cut again."""
+    site = _site()
+    ctrl = make_controller("dimmer", site)
+    row0 = site.domain_index("r0")
+    rack_w = site.domain_rating_w[row0] / 4
+    hi_w = float(site.gpu_draw_for_rack_w(np.array([1.01 * rack_w]))[0])
+    lo_w = float(site.gpu_draw_for_rack_w(np.array([0.97 * rack_w]))[0])
+    caps = np.full(site.n_racks, site.gpu.rated_w)
+    first_cut, late_cuts = None, []
+    for k in range(1, 121):
+        want = np.where(site.rack_job == site.job_name.index("rl"), 600.0, hi_w if k % 2 else lo_w)
+        act = ctrl.step(_obs(site, float(k), np.minimum(want, caps), rack_cap_w=caps.copy()))
+        caps = act.rack_cap_w
+        cuts = [r for r in act.reasons if r.layer in ("capping", "emergency") and r.domain == row0]
+        if k == 1:
+            first_cut = _job_caps(site, caps)["eval"]
+        elif k > 60:
+            late_cuts += cuts
+    assert first_cut is not None and first_cut < hi_w  # the first reading alone was over the rating: cut
+    assert _job_caps(site, caps)["eval"] >= hi_w  # ...and the job is back to its peak
+    assert _job_caps(site, caps)["pretrain"] >= hi_w
+    assert not late_cuts  # and stays there: a rise that stops under the soft level draws no cut
+
+
 def test_stale_telemetry_moves_caps_down_to_the_safe_level_never_up() -> None:
     site = _site()
     ctrl = make_controller("dimmer", site, {"safe_cap_frac": 0.6})
