@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import rainflow
 
-from dimmer.wear import DAY_S, XU_K1, XU_K2, XU_K3, depth_weight
+from dimmer.wear import DAY_S, SOC_TURN_HYSTERESIS, XU_K1, XU_K2, XU_K3, depth_weight
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -49,7 +49,7 @@ def equivalent_cycles(soc_frac: npt.ArrayLike, window_frac: float = 1.0) -> floa
 class SocTurningPoints:
     """The turning points of every rack's SoC, kept as they occur (vectorised over racks)."""
 
-    def __init__(self, soc0: FloatArray, hysteresis_frac: float = 1e-4) -> None:
+    def __init__(self, soc0: FloatArray, hysteresis_frac: float = SOC_TURN_HYSTERESIS) -> None:
         n = soc0.shape[0]
         self.first = soc0.astype(np.float64, copy=True)
         self.extreme = self.first.copy()  # the current candidate turning point

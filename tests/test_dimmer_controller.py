@@ -339,7 +339,8 @@ def test_fall_faster_than_the_grid_may_ramp_raises_floors_then_releases_them() -
 def test_bbus_are_backup_units_unless_a_domain_is_over_and_the_budget_allows() -> None:
     """Rack BBUs hold +inf (backup only) while no domain is over its soft threshold. A row at 990 W per GPU (396 kW
     against its 400 kW rating, soft 380 kW) is relieved by its BBUs before a cap only once the cycle budget has
-    accrued (none is banked at the start); a BBU at its ride-through reserve is never used. The breakers do not
+    accrued (none is banked at the start, and no period's relief is more than what is banked buys); a BBU at its
+    ride-through reserve is never used. The breakers do not
     report their thermal state (one that does is held at its rating, not at the soft threshold)."""
     site = _site()
     quiet = {"domain_thermal_frac": np.full(site.n_domains, np.nan)}
@@ -348,7 +349,11 @@ def test_bbus_are_backup_units_unless_a_domain_is_over_and_the_budget_allows() -
     full = np.full(site.n_racks, 1.0)
     rack_w = site.rack_power_w(np.full(site.n_racks, 990.0))
     ctrl = make_controller("dimmer", site)
-    act = ctrl.step(_obs(site, 7201.0, 990.0, rack_bbu_soc_frac=full, **quiet))  # 1/12 of a cycle accrued since t = 0
+    ctrl.bbus.allowance[:] = 1.0 / 12  # two hours' allowance banked, as after two quiet hours
+    act = ctrl.step(_obs(site, 7201.0, 990.0, rack_bbu_soc_frac=full, **quiet))
+    # (on its first period alone the allowance is one period's, and buys nothing: a cap, as on any short run)
+    first = make_controller("dimmer", site).step(_obs(site, 1.0, 990.0, rack_bbu_soc_frac=full, **quiet))
+    assert first.rack_cap_w.min() < site.gpu.rated_w
     # a breaker that reports its thermal state (cool) is held at its 400 kW rating: the row at 396 kW is left alone
     reporting = make_controller("dimmer", site).step(_obs(site, 7201.0, 990.0, rack_bbu_soc_frac=full))
     assert np.all(np.isinf(reporting.rack_bbu_threshold_w)) and reporting.rack_cap_w.min() == site.gpu.rated_w

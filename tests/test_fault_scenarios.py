@@ -50,8 +50,9 @@ EXPECTED: dict[str, Bound] = {
     # 5.8 % before issue #11)
     "pcc-stale": Bound(goodput_loss_pct=8.5),
     # a stuck meter looks fresh, but repeats itself while the racks move: the racks stand in and every limit holds
-    # (measured 5.6 % lost; 143 s over the ramp limit and 9.4 % lost before the plausibility check)
-    "meter-stuck": Bound(goodput_loss_pct=6.3),
+    # (measured 6.6 % lost; 5.8 % while a BBU's relief ran on past its wear allowance for the period in which its
+    # cycle passed it, 143 s over the ramp limit and 9.4 % lost before the plausibility check)
+    "meter-stuck": Bound(goodput_loss_pct=7.0),
     # a row's readings NaN (reported fresh): held for stale_s, then the row counts as missing (measured 6.9 %)
     "racks-nan-row": Bound(goodput_loss_pct=8.5),
     # a 2x reading no rack confirms is not believed (100 s over the ramp limit before the plausibility check;
@@ -71,7 +72,8 @@ EXPECTED: dict[str, Bound] = {
     # (dark agents: measured 9.5 %; 12.7 % while their readings were held for ever, reported 1 s old by the simulator)
     "agents-down-row": Bound(goodput_loss_pct=10.5),
     # every command 10 s late: the battery's setpoint is late too, and the caps the GPUs report lag the ones sent
-    # (measured 3.1 s over by at most 0.03 MW, 0 s over the ramp limit, 16.2 % lost. The late cuts land at once and
+    # (measured 0 s over, 0 s over the ramp limit, 16.2 % lost; 3.1 s over by at most 0.03 MW while the BBUs'
+    # relief ran past its allowance, then stopped at once. The late cuts land at once and
     # drop the import 2.5 MW: the ramp rule's room now has the battery charge to hold it up, which keeps the ramp
     # (1.6 s over while the rule was a rate limit on the target) and leaves the caps to climb back under the
     # charge's share of the ceiling, 13.4 % lost then; before issue #11: 50 s over by up to 0.16 MW, 8.4 % lost)

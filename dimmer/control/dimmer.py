@@ -753,13 +753,13 @@ class DimmerController:
             # kW on a 220 kW row). A job back from its start ceiling has the campus's too, its whole width: it is
             # where a cut from above would have left it, had it come back at its old cap.
             more_want = np.where(reduction <= 0, np.maximum(want - up, 0.0), 0.0)
-            for back in (True, False) if back_up.any() else (False,):
+            for from_ceiling in (True, False) if back_up.any() else (False,):
                 band_left_w = np.maximum(soft - np.maximum(release, env + unseen_w), 0.0)
                 # (the campus's own band only for a job back from its start ceiling: the campus's headroom is
                 # also the ramp rule's room, which a band on top of it would overrun)
-                band_left_w[0] = max(float(soft[0] - release[0]), 0.0) if back else 0.0
+                band_left_w[0] = max(float(soft[0] - release[0]), 0.0) if from_ceiling else 0.0
                 band_w = np.where(cut > 0, 0.0, headroom - self.gpus @ up / self.eta + band_left_w)
-                asking = np.where(back_up == back, more_want, 0.0)
+                asking = np.where(back_up == from_ceiling, more_want, 0.0)
                 up = up + grant(np.maximum(band_w, 0.0), self.gpus, asking, self.groups, self.eta)
             self.recent_rise_w = np.roll(self.recent_rise_w, 1, axis=0)
             self.recent_rise_w[0] = self.gpus @ up / self.eta
