@@ -487,6 +487,7 @@ UNUSABLE_STATES: dict[str, Any] = {
     "floors-above-range": _mutated(lambda x: x["state"].update(floor_w={"shape": [16], "data": [5000.0] * 16})),
     "nan-grid-target": _mutated(lambda x: x["state"].update(grid_target_w="nan")),
     "inf-level-reading": _mutated(lambda x: x["state"]["bus_level"]["hist"]["data"].__setitem__(-1, "inf")),
+    "negative-bbu-relief": _mutated(lambda x: x["state"].update(bbu_given_w={"shape": [16], "data": [-1.0] * 16})),
     "huge-number": _mutated(lambda x: x["state"].update(cap_w={"shape": [1], "data": [10**400]})),
     "json-list": _text("[1, 2, 3]"),
     "json-number": _text("42"),

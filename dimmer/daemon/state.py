@@ -159,6 +159,7 @@ def dimmer_to_dict(c: DimmerController) -> dict[str, Any]:
         },
         "bbu_allowance": _enc(c.bbus.allowance),
         "bbu_recharge_w": _enc(c.bbus.recharge_w),
+        "bbu_given_w": _enc(c.bbus.given_w),
         "bbu_cycles": {
             "turn": _enc(c.bbus.cycles.turn),
             "extreme": _enc(c.bbus.cycles.extreme),
@@ -216,6 +217,12 @@ def dimmer_from_dict(c: DimmerController, d: dict[str, Any]) -> None:
         if not np.all(np.isfinite(recharge)):
             raise StateMismatch("bbu_recharge_w: not finite")
         trial.bbus.recharge_w = np.clip(recharge, 0.0, trial.bbus.rated_recharge_w)
+    # (the relief planned last period, which the SoC read next may not show yet: the wear allowance counts it)
+    if "bbu_given_w" in d:
+        given = _dec_arr(d["bbu_given_w"], n, "bbu_given_w")
+        if not np.all(np.isfinite(given)) or np.any(given < 0):
+            raise StateMismatch("bbu_given_w: not finite and non-negative")
+        trial.bbus.given_w = given
     runs = d.get("bbu_cycles")
     if runs is not None:
         if not isinstance(runs, dict):
