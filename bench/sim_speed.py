@@ -1,4 +1,5 @@
-"""Simulator speed: real-time factor for the issue's two reference runs, and cost per tick against site size.
+"""Simulator speed: real-time factor for the issue's two reference runs, cost per tick against site size, and the
+time `dimmer`'s `Controller.step` takes against site size.
 
     python3 bench/sim_speed.py              # all figures (about 2 minutes on 2 cores)
     python3 bench/sim_speed.py --quick      # shorter runs, same figures, noisier
@@ -23,13 +24,19 @@ from common import campus, machine
 SWING_8K = Path(__file__).resolve().parents[1] / "scenarios" / "swing-8k.toml"
 
 
-def one_run(gpus: int, duration_s: float) -> dict[str, float]:
+def one_run(gpus: int, duration_s: float, controller: str = "none") -> dict[str, float]:
     """gpus == 0: the library's 8,192-GPU swing scenario; otherwise a generated campus of about `gpus` GPUs."""
+    import numpy as np
+
     from gridsim.engine import run
     from gridsim.scenario import load_scenario
 
     t0 = time.perf_counter()
-    loaded = load_scenario(SWING_8K, [f"duration_s={duration_s}"]) if gpus == 0 else campus(gpus, duration_s)
+    loaded = (
+        load_scenario(SWING_8K, [f"duration_s={duration_s}", f"controller.name={controller}"])
+        if gpus == 0
+        else campus(gpus, duration_s, controller)
+    )
     site = loaded.site()
     build_s = time.perf_counter() - t0
     res = run(loaded)
@@ -45,12 +52,14 @@ def one_run(gpus: int, duration_s: float) -> dict[str, float]:
         "us_per_tick": res.wall_s / n_ticks * 1e6,
         "site_build_s": build_s,
         "peak_rss_mb": peak_mb,
+        "step_ms_p50": float(np.nanpercentile(res.step_ms, 50)) if np.isfinite(res.step_ms).any() else 0.0,
+        "step_ms_p99": float(np.nanpercentile(res.step_ms, 99)) if np.isfinite(res.step_ms).any() else 0.0,
     }
 
 
-def in_child(gpus: int, duration_s: float) -> dict[str, float]:
+def in_child(gpus: int, duration_s: float, controller: str = "none") -> dict[str, float]:
     out = subprocess.run(
-        [sys.executable, __file__, "--child", str(gpus), str(duration_s)],
+        [sys.executable, __file__, "--child", str(gpus), str(duration_s), controller],
         capture_output=True,
         text=True,
         check=True,
@@ -61,10 +70,10 @@ def in_child(gpus: int, duration_s: float) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--child", nargs=2, type=float)
+    ap.add_argument("--child", nargs=3)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(one_run(int(args.child[0]), args.child[1])))
+        print(json.dumps(one_run(int(args.child[0]), float(args.child[1]), args.child[2])))
         return
     scale = 0.1 if args.quick else 1.0
     print(f"machine: {machine()}")
@@ -86,6 +95,14 @@ def main() -> None:
     for gpus in (1_000, 8_192, 32_768, 131_072, 500_000, 1_000_000):
         r = in_child(gpus, 60.0 * max(scale, 0.5))
         print(f"  {r['gpus']:>10,} {r['racks']:>7,} {r['us_per_tick']:>9.0f} {r['us_per_tick'] / r['racks']:>13.3f}")
+    print("dimmer's Controller.step against size, and the plant with it (120 s simulated each; target 1 ms p50 at 1M):")
+    print(f"  {'GPUs':>10} {'racks':>7} {'step p50 ms':>12} {'step p99 ms':>12} {'x real time':>12}")
+    for gpus in (0, 138_240, 1_000_000):
+        r = in_child(gpus, 120.0 * max(scale, 0.5), "dimmer")
+        print(
+            f"  {r['gpus']:>10,} {r['racks']:>7,} {r['step_ms_p50']:>12.2f} {r['step_ms_p99']:>12.2f} "
+            f"{r['x_realtime']:>12.0f}"
+        )
 
 
 if __name__ == "__main__":

@@ -29,10 +29,10 @@ SOC_TURN_HYSTERESIS = 1e-4
 def depth_weight(depth_frac: FloatArray | float) -> FloatArray:
     """Full-cycle equivalents of one cycle of each depth (a fraction of the usable window, clipped to [0, 1])."""
     d = np.clip(np.asarray(depth_frac, dtype=np.float64), 0.0, 1.0)
-    with np.errstate(divide="ignore"):
-        stress = XU_K1 * np.power(d, XU_K2) + XU_K3  # 1 / Phi(d): inf at d = 0
-    full = XU_K1 + XU_K3
-    out: FloatArray = np.where(d > 0, full / stress, 0.0)
+    out: FloatArray = np.zeros(d.shape)
+    cycled = d > 0  # (most shelves most periods: the power is worked out only where a cycle is)
+    stress = XU_K1 * np.power(d[cycled], XU_K2) + XU_K3  # 1 / Phi(d)
+    out[cycled] = (XU_K1 + XU_K3) / stress
     return out
 
 
@@ -40,9 +40,8 @@ def depth_for_weight(weight: FloatArray | float) -> FloatArray:
     """The deepest cycle (a fraction of the window, in [0, 1]) that weighs at most `weight` full cycles: the
     inverse of depth_weight, so a wear allowance can be spent as a depth before the cycle is made."""
     w = np.asarray(weight, dtype=np.float64)
-    full = XU_K1 + XU_K3
-    with np.errstate(divide="ignore", invalid="ignore"):
-        base = (full / np.where(w > 0, w, np.nan) - XU_K3) / XU_K1  # = d ** XU_K2
-        d = np.power(base, 1.0 / XU_K2)
-    out: FloatArray = np.where(w >= 1.0, 1.0, np.where(w > 0, np.nan_to_num(d, nan=0.0), 0.0))
+    out: FloatArray = np.where(w >= 1.0, 1.0, 0.0)
+    part = (w > 0) & (w < 1.0)  # (worked out only there: most shelves have nothing left or nothing spent)
+    base = ((XU_K1 + XU_K3) / w[part] - XU_K3) / XU_K1  # = d ** XU_K2
+    out[part] = np.power(base, 1.0 / XU_K2)
     return np.clip(out, 0.0, 1.0)

@@ -142,6 +142,13 @@ class DimmerController:
         self.groups = priority_groups(site.job_priority)
         self.running_rack = (site.rack_job >= 0) & ~site.rack_is_spare
         self.job_rack = np.where(site.rack_job >= 0, site.rack_job, 0)
+        # the running racks grouped by job (stable: rack order within a job), for per-job reductions in one pass
+        # each (ufunc.at took 0.6 ms a call at 14,080 racks)
+        running = np.flatnonzero(self.running_rack)
+        self._run_order = running[np.argsort(site.rack_job[running], kind="stable")]
+        run_jobs = site.rack_job[self._run_order]
+        self._run_starts = np.flatnonzero(np.r_[True, run_jobs[1:] != run_jobs[:-1]]) if running.size else running
+        self._run_jobs = run_jobs[self._run_starts]
         self.safe_cap_w = max(gpu.min_cap_w, params.safe_cap_frac * gpu.rated_w)
         n_env = max(1, round(params.envelope_s / params.period_s))
         self.domain_env = Window(site.n_domains, n_env)
@@ -231,6 +238,12 @@ class DimmerController:
         out: FloatArray = np.where(self.site.rack_job >= 0, self.cap_w[self.job_rack], self.site.gpu.rated_w)
         return out
 
+    def _job_reduce(self, ufunc: np.ufunc, rack_values: FloatArray | BoolArray, out: FloatArray | BoolArray) -> None:
+        """out[j] = ufunc(out[j], ufunc over job j's running racks of rack_values), in place (ufunc.at's result)."""
+        if self._run_order.size:
+            seg = ufunc.reduceat(rack_values[self._run_order], self._run_starts)
+            out[self._run_jobs] = ufunc(out[self._run_jobs], seg)
+
     def _caps_bind(self, gpu_env_w: FloatArray) -> bool:
         """Some running job's cap holds it below what it would draw: its racks' envelope reaches the cap (a cap
         above the job's peak costs it nothing and must not block the battery's recharge)."""
@@ -239,7 +252,7 @@ class DimmerController:
         if not capped.any():
             return False
         job_peak = np.zeros(site.n_jobs)
-        np.maximum.at(job_peak, site.rack_job[self.running_rack], gpu_env_w[self.running_rack])
+        self._job_reduce(np.maximum, gpu_env_w, job_peak)
         return bool(np.any(capped & (job_peak >= self.cap_w - self.p.cap_rise_w_per_s * self.p.period_s)))
 
     def _job_hidden_frac(self, gpu_env_w: FloatArray) -> FloatArray:
@@ -253,7 +266,7 @@ class DimmerController:
         spread = np.where(np.isfinite(peak) & np.isfinite(trough), peak - trough, np.inf)
         swings = ~(spread <= p.flat_frac * np.fmax(gpu_env_w, 0.0))
         job_swings = np.zeros(site.n_jobs, dtype=bool)
-        np.logical_or.at(job_swings, site.rack_job[self.running_rack], swings[self.running_rack])
+        self._job_reduce(np.logical_or, swings, job_swings)
         out: FloatArray = np.where(job_swings, p.hidden_peak_frac, 0.0)
         return out
 
@@ -334,8 +347,9 @@ class DimmerController:
 
     def _live_gpus(self, live_rack: BoolArray) -> FloatArray:
         """(n_jobs,) running GPUs of each job on racks that count at their cap."""
-        out = np.zeros(self.site.n_jobs)
-        np.add.at(out, self.site.rack_job[live_rack], self.site.rack_active_gpus[live_rack])
+        out = np.bincount(
+            self.site.rack_job[live_rack], self.site.rack_active_gpus[live_rack], minlength=self.site.n_jobs
+        ).astype(np.float64)
         return out
 
     def _bound_floors(
@@ -694,7 +708,7 @@ class DimmerController:
         n_jobs = site.n_jobs
         if n_jobs:
             job_peak = np.full(n_jobs, gpu.min_cap_w)
-            np.maximum.at(job_peak, site.rack_job[self.running_rack], gpu_env[self.running_rack])
+            self._job_reduce(np.maximum, gpu_env, job_peak)
             # A capped job is cut from its cap. Readings are window means, which understate a fast swing's peak, so
             # cutting a capped job from its mean reading would drop the cap below the peak it was holding and cut far
             # more than asked; an uncapped job is cut from its highest reading. But a cap above all the job may draw

@@ -28,14 +28,13 @@ class Window:
         return self.peak()
 
     def peak(self) -> FloatArray:
-        valid = ~np.isnan(self._buf)
-        out: FloatArray = np.where(valid.any(axis=0), np.max(np.where(valid, self._buf, -np.inf), axis=0), np.nan)
+        # (fmax passes over NaN and is NaN only where every sample is: one pass, no masked copies of the window)
+        out: FloatArray = np.fmax.reduce(self._buf, axis=0)
         return out
 
     def trough(self) -> FloatArray:
         """The least sample of the window (NaN where it holds none)."""
-        valid = ~np.isnan(self._buf)
-        out: FloatArray = np.where(valid.any(axis=0), np.min(np.where(valid, self._buf, np.inf), axis=0), np.nan)
+        out: FloatArray = np.fmin.reduce(self._buf, axis=0)
         return out
 
     def rms(self) -> FloatArray:

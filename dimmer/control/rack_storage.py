@@ -137,7 +137,10 @@ class BbuPolicy:
 
     def relief_scale(self, planned_w: FloatArray, soft_w: FloatArray) -> FloatArray:
         """Per rack: soft / planned load of the most loaded domain above it, where that is under 1 (1 elsewhere)."""
-        share = np.where(planned_w > soft_w, soft_w / np.maximum(planned_w, 1e-9), 1.0)
+        over = planned_w > soft_w
+        if not over.any():
+            return np.ones(self._rack_domains.shape[0])
+        share = np.where(over, soft_w / np.maximum(planned_w, 1e-9), 1.0)
         out: FloatArray = np.minimum.reduceat(share[self._rack_domains.indices], self._rack_domains.indptr[:-1])
         return out
 
