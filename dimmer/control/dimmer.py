@@ -752,7 +752,11 @@ class DimmerController:
             late_job = stale_job.copy()
             late_job[site.rack_job[self.running_rack & ~fresh]] = True
             rise = np.minimum(p.cap_rise_w_per_s * dt, gpu.rated_w - new_cap)
-            self.ceiled_from_w = np.where((reduction > 0) | (new_cap >= self.ceiled_from_w), np.nan, self.ceiled_from_w)
+            # (a cut this period lowers where it goes back to by the cut, rather than ending its way back: a 2 kW cut
+            # at the campus in the period of its start sent gb-frequency-event's finetune up at the slow rise, 30 s)
+            self.ceiled_from_w = np.where(
+                new_cap >= self.ceiled_from_w - reduction, np.nan, self.ceiled_from_w - reduction
+            )
             back_up = obs.job_running & np.isfinite(self.ceiled_from_w)
             rise = np.where(back_up, np.fmax(rise, np.nan_to_num(self.ceiled_from_w - new_cap)), rise)
             want = np.maximum(np.where((reduction > 0) | late_job, 0.0, rise), 0.0)
