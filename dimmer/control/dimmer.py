@@ -156,6 +156,9 @@ class DimmerController:
         # cap rises granted over the last envelope window, newest first (W per domain): the RMS sees them late
         self.recent_rise_w = np.zeros((n_env, site.n_domains))
         self.rise_unseen_frac = 1.0 - np.arange(n_env) / n_env
+        # ... and over the newest half of the window (the band's level, below)
+        self.n_recent = max(1, n_env // 2)
+        self.rise_unseen_recent_frac = np.maximum(1.0 - np.arange(n_env) / self.n_recent, 0.0)
         self.forecast = LowPass(params.forecast_tau_s)
         n_level = max(2, round(params.bess_level_s / params.period_s))
         # the swing's span is remembered for a few windows: long enough to bridge a window that misses a peak
@@ -686,7 +689,14 @@ class DimmerController:
         # (The campus is held on its peak, which shows a rise one reading later: nothing to count there.)
         unseen_w = self.rise_unseen_frac @ self.recent_rise_w
         unseen_w[0] = 0.0
-        headroom = np.maximum(release - env - unseen_w, 0.0)
+        # A domain counts at the higher of its window's RMS and its newest half window's (each with the rises it has
+        # not yet shown): the RMS lags a step in the load by the window, and caps rose on the old readings past the
+        # rating once they left it, to be cut again (the stateful machine at its long profile: a row stepped from 25 %
+        # to full load read 125 kW of RMS against 200 kW, and was planned at 223 kW on its 220 kW rating).
+        unseen_recent_w = self.rise_unseen_recent_frac @ self.recent_rise_w
+        recent_w = np.fmin(self.domain_env.rms_recent(self.n_recent), under_caps_w) + unseen_recent_w
+        seen_level_w = np.fmax(env + unseen_w, recent_w)
+        headroom = np.maximum(release - seen_level_w, 0.0)
         # the campus may rise as far as the grid target plus what the battery can plan to give: a long peak leans
         # on the battery, and as its charge nears the reserve the plan tapers and the caps come back
         # (the grid target follows the load the caps allow, so the campus may also rise one ramp step a period)
@@ -772,7 +782,7 @@ class DimmerController:
             # where a cut from above would have left it, had it come back at its old cap.
             more_want = np.where(reduction <= 0, np.maximum(want - up, 0.0), 0.0)
             for from_ceiling in (True, False) if back_up.any() else (False,):
-                band_left_w = np.maximum(soft - np.maximum(release, env + unseen_w), 0.0)
+                band_left_w = np.maximum(soft - np.maximum(release, seen_level_w), 0.0)
                 # (the campus's own band only for a job back from its start ceiling: the campus's headroom is
                 # also the ramp rule's room, which a band on top of it would overrun)
                 band_left_w[0] = max(float(soft[0] - release[0]), 0.0) if from_ceiling else 0.0
