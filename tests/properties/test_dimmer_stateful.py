@@ -483,6 +483,14 @@ def test_a_cap_above_a_flat_draw_is_cut_from_the_draw() -> None:
     assert act.planned_domain_w[row] <= site.domain_rating_w[row] * (1 + TOL)
 
 
+def _change(m: DimmerMachine, **world_attrs: object) -> Actions:
+    """Set attributes of the machine's world, mark it changed, and take one control step."""
+    for name, value in world_attrs.items():
+        setattr(m.world, name, value)
+    m._changed()
+    return m._step()
+
+
 def test_a_job_back_from_its_start_ceiling_does_not_climb_into_bbu_relief() -> None:
     """Found by the machine at its long profile (issue #12): one row of two racks, one job, a 0.3 MW battery; the job
     stops (its start ceiling takes its cap from 1,400 W), the interconnect is curtailed to half, demand goes to rated,
@@ -496,10 +504,7 @@ def test_a_job_back_from_its_start_ceiling_does_not_climb_into_bbu_relief() -> N
     row = site.domain_name.index("r0")
 
     def change(**world_attrs: object) -> Actions:
-        for name, value in world_attrs.items():
-            setattr(world, name, value)
-        m._changed()
-        return m._step()
+        return _change(m, **world_attrs)
 
     m._step()
     change(job_running=np.array([False]))
@@ -611,11 +616,8 @@ def test_caps_rising_after_a_step_in_load_count_what_the_window_still_lags(
     site, world = m.site, m.world
     row = site.domain_name.index("r0")
 
-    def change(**world_attrs: object) -> None:
-        for name, value in world_attrs.items():
-            setattr(world, name, value)
-        m._changed()
-        m._step()
+    def change(**world_attrs: object) -> Actions:
+        return _change(m, **world_attrs)
 
     change(pcc_nan=True)
     if meter_back_first:
