@@ -156,7 +156,7 @@ class DimmerController:
         # cap rises granted over the last envelope window, newest first (W per domain): the RMS sees them late
         self.recent_rise_w = np.zeros((n_env, site.n_domains))
         self.rise_unseen_frac = 1.0 - np.arange(n_env) / n_env
-        # ... and over the newest half of the window (the band's level, below)
+        # ... and over the newest half of the window (a domain's level against its rating, below)
         self.n_recent = max(1, n_env // 2)
         self.rise_unseen_recent_frac = np.maximum(1.0 - np.arange(n_env) / self.n_recent, 0.0)
         self.forecast = LowPass(params.forecast_tau_s)
@@ -781,8 +781,8 @@ class DimmerController:
             # kW on a 220 kW row). A job back from its start ceiling has the campus's too, its whole width: it is
             # where a cut from above would have left it, had it come back at its old cap.
             more_want = np.where(reduction <= 0, np.maximum(want - up, 0.0), 0.0)
+            band_left_w = np.maximum(soft - np.maximum(release, seen_level_w), 0.0)
             for from_ceiling in (True, False) if back_up.any() else (False,):
-                band_left_w = np.maximum(soft - np.maximum(release, seen_level_w), 0.0)
                 # (the campus's own band only for a job back from its start ceiling: the campus's headroom is
                 # also the ramp rule's room, which a band on top of it would overrun)
                 band_left_w[0] = max(float(soft[0] - release[0]), 0.0) if from_ceiling else 0.0

@@ -40,19 +40,19 @@ class Window:
     def rms_recent(self, k: int) -> FloatArray:
         """The root-mean-square over the newest `k` samples only (NaN where they hold none)."""
         k = min(max(k, 1), self._buf.shape[0])
-        rows = self._buf[(self._i - 1 - np.arange(k)) % self._buf.shape[0]]
-        valid = ~np.isnan(rows)
-        count = valid.sum(axis=0)
-        sq = np.where(valid, rows, 0.0) ** 2
-        out: FloatArray = np.where(count > 0, np.sqrt(sq.sum(axis=0) / np.maximum(count, 1)), np.nan)
-        return out
+        return _rms(self._buf[(self._i - 1 - np.arange(k)) % self._buf.shape[0]])
 
     def rms(self) -> FloatArray:
-        valid = ~np.isnan(self._buf)
-        count = valid.sum(axis=0)
-        sq = np.where(valid, self._buf, 0.0) ** 2
-        out: FloatArray = np.where(count > 0, np.sqrt(sq.sum(axis=0) / np.maximum(count, 1)), np.nan)
-        return out
+        return _rms(self._buf)
+
+
+def _rms(rows: FloatArray) -> FloatArray:
+    """Root-mean-square down the first axis, NaN samples left out (NaN where a column holds none)."""
+    valid = ~np.isnan(rows)
+    count = valid.sum(axis=0)
+    sq = np.where(valid, rows, 0.0) ** 2
+    out: FloatArray = np.where(count > 0, np.sqrt(sq.sum(axis=0) / np.maximum(count, 1)), np.nan)
+    return out
 
 
 class LowPass:
