@@ -48,6 +48,9 @@ class Observation:
     bess_online: bool
     # jobs
     job_running: BoolArray  # drawing training power now (not down, suspended or finished)
+    # the highest sample of rack_load_w's window (NVML's power samples, a power shelf's peak register): where the
+    # racks report it, a swing's peak between two window means is measured, not assumed; None or NaN: not measured
+    rack_load_peak_w: FloatArray | None = None
 
     @property
     def n_racks(self) -> int:

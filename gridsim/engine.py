@@ -205,6 +205,7 @@ class Simulation:
         tel = sc.telemetry
         self.window_ticks = max(1, round(tel.window_s / self.dt))
         self.delay_ticks = round(tel.delay_s / self.dt)
+        self.peak_every = max(1, round(tel.peak_sample_s / self.dt)) if tel.peak_sample_s > 0 else 0
         self.ring = np.zeros((self.window_ticks + self.delay_ticks, site.n_racks))
         self.ring_load = np.zeros_like(self.ring)
         self.ring_grid = np.zeros(self.window_ticks + self.delay_ticks)
@@ -241,12 +242,16 @@ class Simulation:
         idx = np.maximum(ticks, 0) % rows
         rack_w = self.ring[idx].mean(axis=0)
         load_w = self.ring_load[idx].mean(axis=0)
+        # the highest of the window's samples, newest first, one every peak_sample_s
+        peak_w = self.ring_load[idx[:: -self.peak_every]].max(axis=0) if self.peak_every else None
         grid_w = float(self.ring_grid[idx].mean())
         domain_w = site.domain_load_w(rack_w)
         domain_w[0] = grid_w  # the PCC meter: net of the battery
         if tel.noise_frac > 0:
             rack_w = rack_w * (1 + tel.noise_frac * self.rng_telemetry.standard_normal(site.n_racks))
-            load_w = load_w * (1 + tel.noise_frac * self.rng_telemetry.standard_normal(site.n_racks))
+            load_gain = 1 + tel.noise_frac * self.rng_telemetry.standard_normal(site.n_racks)
+            load_w = load_w * load_gain
+            peak_w = None if peak_w is None else peak_w * load_gain  # (one meter: its error is the same)
             domain_w = domain_w * (1 + tel.noise_frac * self.rng_telemetry.standard_normal(site.n_domains))
         rack_w = rack_w.copy()
         load_w = load_w.copy()
@@ -258,11 +263,16 @@ class Simulation:
             arrived &= ~dark
         rack_w[~arrived] = np.nan
         load_w[~arrived] = np.nan
+        if peak_w is not None:
+            peak_w = peak_w.copy()
+            peak_w[~arrived] = np.nan
         # a rack's age is its latest reading's that arrived: it grows while none does (a dark rack reported 1 s old
         # for as long as its agent was down, so a controller holding a lost reading for its age held it for ever)
         self.rack_last_ok_s[arrived] = t_s
         age = t_s - self.rack_last_ok_s + tel.delay_s
-        seen = Telemetry(rack_w, load_w, age, domain_w, np.full(site.n_domains, tel.delay_s), grid_w, tel.delay_s)
+        seen = Telemetry(
+            rack_w, load_w, age, domain_w, np.full(site.n_domains, tel.delay_s), grid_w, tel.delay_s, peak_w
+        )
         self.faults.telemetry(t_s, seen)
         return Observation(
             t_s=t_s,
@@ -286,6 +296,7 @@ class Simulation:
             bess_power_w=self.bess.power_w,
             bess_online=self.bess.online,
             job_running=self.workload.job_running(),
+            rack_load_peak_w=seen.load_peak_w,
         )
 
     def apply(self, t_s: float, act: Actions) -> None:

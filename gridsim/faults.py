@@ -45,6 +45,7 @@ class Telemetry:
     domain_age_s: FloatArray
     pcc_w: float
     pcc_age_s: float
+    load_peak_w: FloatArray | None = None
 
 
 class Faults:
@@ -89,9 +90,10 @@ class Faults:
                     tel.domain_age_s[d] += elapsed
             else:
                 m = f.racks
-                for name in ("rack_w", "load_w"):
-                    arr: FloatArray = getattr(tel, name)
-                    arr[m] = _fault_array(ev, arr[m], elapsed, f.frozen, name)
+                for name in ("rack_w", "load_w", "load_peak_w"):
+                    arr: FloatArray | None = getattr(tel, name)
+                    if arr is not None:
+                        arr[m] = _fault_array(ev, arr[m], elapsed, f.frozen, name)
                 if ev.mode == "stale":
                     tel.rack_age_s[m] += elapsed
 

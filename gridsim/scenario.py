@@ -63,6 +63,9 @@ class TelemetrySpec(Strict):
     delay_s: float = Field(default=0.0, ge=0, le=60.0)
     noise_frac: float = Field(default=0.0, ge=0, le=0.5)  # gaussian, relative
     dropout_prob: float = Field(default=0.0, ge=0, le=1.0)  # per rack reading per period
+    # racks also report the highest sample of each window, sampled this often (NVML's power samples on the host
+    # agent, a power shelf's peak register); 0: they report none, and a swing's peak between window means is unseen
+    peak_sample_s: float = Field(default=0.1, ge=0, le=60.0)
 
 
 class MetricsSpec(Strict):

@@ -24,7 +24,9 @@ class FakeNvml:
     """The part of nvidia-ml-py the backend uses, in milliwatts as NVML gives them; every call recorded."""
 
     class NVMLError(Exception):
-        pass
+        def __init__(self, msg: str = "", value: int = 999) -> None:  # pynvml's carries its nvmlReturn_t as .value
+            super().__init__(msg)
+            self.value = value
 
     def __init__(self, n: int = 2) -> None:
         self.n = n
@@ -36,6 +38,8 @@ class FakeNvml:
         self.limit_mw = [1_300_001] * n  # what it finds: not the default
         self.enforced_mw = [1_000_000] * n
         self.power_mw = [456_789 + k for k in range(n)]
+        # each GPU's power sample buffer, (timestamp us, mW); None: the GPU keeps none (NVML_ERROR_NOT_SUPPORTED)
+        self.samples: list[list[tuple[int, int]] | None] = [[] for _ in range(n)]
 
     def _call(self, name: str, *args: Any) -> None:
         self.calls.append((name, args))
@@ -82,6 +86,24 @@ class FakeNvml:
     def nvmlDeviceGetPowerUsage(self, h: tuple[str, int]) -> int:
         self._call("nvmlDeviceGetPowerUsage", h)
         return self.power_mw[h[1]]
+
+    def nvmlDeviceGetSamples(self, h: tuple[str, int], kind: int, last_seen_us: int) -> tuple[int, list[Any]]:
+        """nvml.h: the samples after `last_seen_us`; NOT_FOUND (6) when there are none, NOT_SUPPORTED (3)."""
+        self._call("nvmlDeviceGetSamples", h, kind, last_seen_us)
+        assert kind == 0  # NVML_TOTAL_POWER_SAMPLES
+        buf = self.samples[h[1]]
+        if buf is None:
+            raise self.NVMLError("Not Supported", 3)
+        new = [(t, v) for t, v in buf if t > last_seen_us]
+        if not new:
+            raise self.NVMLError("Not Found", 6)
+        sample = type("nvmlSample_t", (), {})
+        out = []
+        for t, v in new:
+            x = sample()
+            x.timeStamp, x.sampleValue = t, type("value", (), {"uiVal": v})()
+            out.append(x)
+        return 3, out  # NVML_VALUE_TYPE_UNSIGNED_INT
 
     def nvmlDeviceSetPowerManagementLimit(self, h: tuple[str, int], limit_mw: int) -> None:
         self._call("nvmlDeviceSetPowerManagementLimit", h, limit_mw)
@@ -234,3 +256,32 @@ def test_agent_on_nvml_reports_enforced_and_restores_default(nvml: FakeNvml) -> 
     agent.restore()
     assert nvml.limit_mw == [1_200_000, 1_200_000]  # the default, not the 1300 W it found
     assert not agent.restore_failed
+
+
+def test_peak_power_is_the_highest_power_sample_since_the_last_read(nvml: FakeNvml) -> None:
+    """NVML's power samples (nvmlDeviceGetSamples, NVML_TOTAL_POWER_SAMPLES): each read takes those after the newest
+    one seen; none new (NOT_FOUND) or none kept (NOT_SUPPORTED, then never asked again) is NaN, not 0 W."""
+    gpus = NvmlGpus()
+    nvml.samples = [[(100, 900_000), (200, 1_250_500), (300, 700_000)], None]
+    first = gpus.peak_power_w()
+    assert first[0] == pytest.approx(1250.5) and np.isnan(first[1])
+    assert np.isnan(gpus.peak_power_w()).all()  # nothing newer than 300 us: no peak, and no stale one repeated
+    buf = nvml.samples[0]
+    assert buf is not None
+    buf.append((400, 1_100_000))
+    assert gpus.peak_power_w()[0] == pytest.approx(1100.0)
+    asked = [c[1] for c in nvml.calls if c[0] == "nvmlDeviceGetSamples"]
+    assert [a[2] for a in asked if a[0] == ("gpu", 0)] == [0, 300, 300]  # from the newest sample seen
+    assert len([a for a in asked if a[0] == ("gpu", 1)]) == 1  # not supported: asked once
+
+
+def test_agent_reports_the_host_peak_rounded_up_to_the_register(nvml: FakeNvml) -> None:
+    agent = CapAgent(NvmlGpus(), safe_cap_w=840.0)
+    nvml.samples = [[(100, 1_000_010)], [(100, 900_000)]]
+    agent.refresh()
+    a = R.rack_status_address(0)
+    status = R.decode_records(R.RACK_STATUS, agent.image[a : a + R.RACK_STATUS_STRIDE], 1, R.RACK_STATUS_STRIDE)
+    assert float(status["load_peak_hw"][0]) == 20.0  # 1,900.01 W: 20 x 100 W, never under the draw
+    agent.refresh()  # no sample since: not measured this period
+    status = R.decode_records(R.RACK_STATUS, agent.image[a : a + R.RACK_STATUS_STRIDE], 1, R.RACK_STATUS_STRIDE)
+    assert np.isnan(status["load_peak_hw"][0])

@@ -102,6 +102,8 @@ def test_cycle_reads_decides_writes() -> None:
         # nobody measures the hall and rows: NaN, never zero; no site device: thermal unknown
         assert np.all(np.isnan(obs.domain_power_w[1:])) and np.all(np.isinf(obs.domain_age_s[1:]))
         assert np.all(np.isnan(obs.domain_thermal_frac))
+        # racks whose devices leave the peak register unset report no peak: NaN, and the controller keeps its prior
+        assert obs.rack_load_peak_w is not None and np.all(np.isnan(obs.rack_load_peak_w))
         # every rack got the cap the controller decided; the battery its setpoint
         assert np.allclose(plant.caps_written(), res.actions.rack_cap_w, rtol=1e-6)
         assert plant.writes_to(BATTERY_UNIT)

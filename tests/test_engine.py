@@ -112,3 +112,32 @@ def test_gridsim_run_writes_outputs(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
     assert "| `breaker_trips` |" in (out / "report.md").read_text()
     assert capsys.readouterr().err == ""
+
+
+def test_racks_report_the_highest_sample_of_each_window(small: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """telemetry.peak_sample_s: each rack also reports its window's highest sample, one every peak_sample_s: sampled
+    every tick, never under the window mean and above it where the job swings within the window; sampled more
+    sparsely, never above that (and it may miss the peak: the controller takes one under the mean for none);
+    0: no peak is reported at all."""
+    from gridsim.engine import Simulation
+
+    seen: list[tuple[np.ndarray, np.ndarray | None]] = []
+    observe = Simulation.observe
+
+    def recording(self: Simulation, t_s: float, k: int, freq_hz: float):  # type: ignore[no-untyped-def]
+        obs = observe(self, t_s, k, freq_hz)
+        seen.append((obs.rack_load_w, obs.rack_load_peak_w))
+        return obs
+
+    monkeypatch.setattr(Simulation, "observe", recording)
+    peaks = {}
+    for sample_s in (0.1, 0.5, 0.0):
+        seen.clear()
+        run(load_scenario(small, [f"telemetry.peak_sample_s={sample_s}"]), controller="none")
+        peaks[sample_s] = [p for _, p in seen]
+    load = np.array([m for m, _ in seen])
+    assert all(p is None for p in peaks[0.0])
+    every, sparse = np.array(peaks[0.1]), np.array(peaks[0.5])
+    assert np.all(every >= load * (1 - 1e-12))
+    assert np.mean(every > 1.05 * load) > 0.2  # the swing's peaks, which a 1 s mean hides
+    assert np.all(sparse <= every) and np.any(sparse < every)

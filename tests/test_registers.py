@@ -166,6 +166,18 @@ def test_records_round_trip_and_ranges() -> None:
     np.testing.assert_array_equal(out["bbu_soc_frac"][:2], [1.0, 0.25])
     assert math.isnan(out["bbu_soc_frac"][2])
     np.testing.assert_array_equal(out["energized"], [1.0, 0.0, 1.0])
+    assert np.isnan(out["load_peak_hw"]).all()  # not given: not measured
+
+
+def test_the_peak_register_is_the_record_s_last_word_and_0_reads_as_not_measured() -> None:
+    """load_peak_hw took the status record's reserved last word: a device written to map version 1 before it left
+    that word at 0, which must read as no peak (a 0 W peak would be a rack that draws nothing)."""
+    assert R.RACK_STATUS_STRIDE == 12 and max(f.offset + f.n for f in R.RACK_STATUS) == 12
+    words = R.encode_records(R.RACK_STATUS, {"load_peak_hw": np.array([1265.0, np.nan, 1.0])}, 3, 12)
+    assert words[11] == 1265 and words[23] == 0xFFFF and words[35] == 1
+    words[35] = 0
+    out = R.decode_records(R.RACK_STATUS, words, 3, 12)["load_peak_hw"]
+    assert out[0] == 1265.0 and np.isnan(out[1]) and np.isnan(out[2])
 
 
 def test_docs_tables_match_the_code() -> None:

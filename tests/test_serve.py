@@ -152,6 +152,9 @@ def test_served_plant_reads_back_its_observation(tmp_path: Path) -> None:
         obs = srv.published[int(r.values["update_count"])]
         np.testing.assert_allclose(r.array("power_w"), obs.rack_power_w, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(r.array("load_w"), obs.rack_load_w, rtol=1e-6, atol=1e-6)
+        assert obs.rack_load_peak_w is not None  # in units of 100 W, rounded up: never under the peak drawn
+        peak_w = r.array("load_peak_hw") * 100.0
+        assert np.all(peak_w >= obs.rack_load_peak_w) and np.all(peak_w < obs.rack_load_peak_w + 100.0)
         np.testing.assert_allclose(r.array("cap_w"), obs.rack_cap_w, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(r.array("bbu_soc_frac"), obs.rack_bbu_soc_frac, rtol=1e-6, atol=1e-6)
         np.testing.assert_array_equal(r.array("energized"), obs.rack_energized.astype(float))

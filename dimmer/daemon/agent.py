@@ -263,11 +263,16 @@ class CapAgent:
         try:
             power = self.gpus.power_w()
             enforced = self.gpus.enforced_limit_w()
+            peak = self.gpus.peak_power_w()
         except GpuError as exc:
             log.warning("reading the GPUs failed: %s", exc)
             power = np.full(self.gpus.n_gpus, np.nan)
             enforced = np.full(self.gpus.n_gpus, np.nan)
+            peak = power
         total = float(np.sum(power)) + self.overhead_w
+        # (the sum of each GPU's highest sample: the GPUs of one synchronous job peak together, and a bound above the
+        # host's true peak errs the safe way; unknown if any GPU kept none. Rounded up to the register's 100 W.)
+        peak_total = max(float(np.sum(peak)) + self.overhead_w, total)
         status = {
             "power_w": np.array([total]),
             "load_w": np.array([total]),
@@ -275,6 +280,7 @@ class CapAgent:
             "floor_w": np.array([0.0]),
             "bbu_soc_frac": np.array([np.nan]),
             "energized": np.array([1.0]),
+            "load_peak_hw": np.array([math.ceil(peak_total / 100.0) if math.isfinite(peak_total) else math.nan]),
         }
         a = rack_status_address(0)
         self.image[a : a + RACK_STATUS_STRIDE] = encode_records(RACK_STATUS, status, 1, RACK_STATUS_STRIDE)

@@ -32,6 +32,11 @@ from dimmer.errors import DimmerError
 FloatArray = npt.NDArray[np.float64]
 
 
+# nvml.h: NVML_TOTAL_POWER_SAMPLES (nvmlSamplingType_t 0), NVML_ERROR_NOT_SUPPORTED (nvmlReturn_t 3)
+_TOTAL_POWER_SAMPLES = 0
+_ERROR_NOT_SUPPORTED = 3
+
+
 class GpuError(DimmerError):
     """The GPU backend cannot be used (no NVML, no GPU, no permission) or a call failed."""
 
@@ -60,6 +65,10 @@ class GpuBackend(Protocol):
 
     def power_w(self) -> FloatArray:
         """Each GPU's power draw (NVML: a 1 s average on Ampere and later)."""
+        ...
+
+    def peak_power_w(self) -> FloatArray:
+        """Each GPU's highest power sample since the last call (NVML's power samples); NaN where none is kept."""
         ...
 
     def set_limit_w(self, limit_w: FloatArray) -> None:
@@ -99,6 +108,7 @@ class SimulatedGpus:
                 raise GpuError(f"{name} outside {min_w:g}..{max_w:g} W")
         self.external_w = np.full(n_gpus, np.inf)
         self.demand_w = np.full(n_gpus, float(max_w if demand_w is None else demand_w))
+        self.peak_demand_w = self.demand_w.copy()  # the highest sample between two reads (a swing's peak)
         self.history: list[FloatArray] = []  # every set_limit_w call
         self.closed = False
         self.fail_next = 0  # the next this-many calls to set_limit_w raise GpuError (fault injection)
@@ -122,6 +132,10 @@ class SimulatedGpus:
 
     def power_w(self) -> FloatArray:
         out: FloatArray = np.minimum(self.demand_w, self.enforced_limit_w())
+        return out
+
+    def peak_power_w(self) -> FloatArray:
+        out: FloatArray = np.minimum(np.maximum(self.demand_w, self.peak_demand_w), self.enforced_limit_w())
         return out
 
     def set_limit_w(self, limit_w: FloatArray) -> None:
@@ -191,6 +205,8 @@ class NvmlGpus:
             self.close()
             raise
         self.indices = idx
+        self._last_sample_us = [0] * len(idx)  # the newest power sample seen of each GPU
+        self._samples_ok = [True] * len(idx)
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -222,6 +238,24 @@ class NvmlGpus:
 
     def power_w(self) -> FloatArray:
         return self._each_w(self._nv.nvmlDeviceGetPowerUsage)
+
+    def peak_power_w(self) -> FloatArray:
+        # NVML keeps a buffer of recent power samples per GPU (NVML_TOTAL_POWER_SAMPLES, mW, timestamped in us);
+        # asking for those after the last one seen gives the samples since the last call. NOT_FOUND: none new.
+        out = np.full(len(self._handles), np.nan)
+        for i, h in enumerate(self._handles):
+            if not self._samples_ok[i]:
+                continue
+            try:
+                _, samples = self._nv.nvmlDeviceGetSamples(h, _TOTAL_POWER_SAMPLES, self._last_sample_us[i])
+            except self._error as exc:
+                if getattr(exc, "value", None) == _ERROR_NOT_SUPPORTED:
+                    self._samples_ok[i] = False  # this GPU keeps none: asked no more
+                continue
+            if samples:
+                self._last_sample_us[i] = max(int(x.timeStamp) for x in samples)
+                out[i] = max(float(x.sampleValue.uiVal) for x in samples) / 1e3
+        return out
 
     def names(self) -> list[str]:
         """Each GPU's product name (bytes from older nvidia-ml-py decoded)."""

@@ -46,6 +46,7 @@ class ObservationBuilder:
         site, n_r, n_d = self.site, self.site.n_racks, self.site.n_domains
         rack_power = np.full(n_r, np.nan)
         rack_load = np.full(n_r, np.nan)
+        rack_peak = np.full(n_r, np.nan)
         rack_age = np.full(n_r, np.inf)
         rack_cap = np.full(n_r, np.nan)
         rack_floor = np.full(n_r, np.nan)
@@ -67,6 +68,7 @@ class ObservationBuilder:
                 sl, n = h.racks, h.racks.stop - h.racks.start
                 rack_power[sl] = value_array(v, "power_w", n)
                 rack_load[sl] = value_array(v, "load_w", n)
+                rack_peak[sl] = value_array(v, "load_peak_hw", n) * 100.0
                 rack_age[sl] = age
                 rack_cap[sl] = value_array(v, "cap_w", n)
                 rack_floor[sl] = value_array(v, "floor_w", n)
@@ -129,4 +131,5 @@ class ObservationBuilder:
             bess_power_w=bess_w,
             bess_online=online,
             job_running=self.last_job_running.copy(),
+            rack_load_peak_w=rack_peak,
         )

@@ -188,6 +188,8 @@ class RackDevices:
             "bbu_soc_frac": obs.rack_bbu_soc_frac,
             "energized": obs.rack_energized.astype(np.float64),
         }
+        if obs.rack_load_peak_w is not None:  # (rounded up: a peak is never reported under what was drawn)
+            fields["load_peak_hw"] = np.ceil(obs.rack_load_peak_w / 100.0)
         status = np.asarray(
             R.encode_records(R.RACK_STATUS, fields, site.n_racks, R.RACK_STATUS_STRIDE), dtype=np.int64
         ).reshape(site.n_racks, R.RACK_STATUS_STRIDE)

@@ -68,6 +68,16 @@ RACK_STATUS = (
     Field("floor_w", 6, "float32", unit="W/GPU", lo=0.0, hi=1e5, desc="per-GPU floor in force"),
     Field("bbu_soc_frac", 8, "float32", unit="1", lo=0.0, hi=1.0, desc="BBU state of charge"),
     Field("energized", 10, "uint16", unit="bool", lo=0, hi=1, desc="1 powered, 0 under a tripped breaker"),
+    # (in the record's last word, which map version 1 left reserved: a device that leaves it at 0 reports no peak)
+    Field(
+        "load_peak_hw",
+        11,
+        "uint16",
+        unit="100 W",
+        lo=1,
+        hi=65534,
+        desc="highest sample of load_w's window, rounded up; 0 or 0xFFFF: not measured",
+    ),
 )
 
 
