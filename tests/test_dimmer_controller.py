@@ -663,3 +663,41 @@ def test_a_start_ceiling_lowers_only_stopped_jobs_within_their_range_and_fits_th
     floor = np.where(job_running, caps, gpu.min_cap_w)
     if np.all(surge(floor) <= room_w):
         assert np.all(surge(out) <= room_w * (1 + 1e-9) + 1e-6)
+
+
+def test_a_measured_peak_under_the_limit_is_not_cut_for_the_peak_a_mean_may_hide() -> None:
+    """A 1 s mean hides a swing's peak: a job rack counts hidden_peak_frac above its mean, and what the battery cannot
+    yet cover of that (it takes it on at the ramp) is cut. A rack that reports the highest sample of its window
+    (NVML's power samples) shows the peak itself: where that holds the limit, nothing is cut for the prior (bare-
+    racks: a 957 kW cut at the first reading, and 30 s for the caps to climb back); where every job rack's peak is
+    measured, the margin under the limit is the battery's to make as well (site-99pct peaks at 99 % of its limit).
+    A measured peak over the limit is cut as before, and a flat reading (a slow swing's trough, perhaps) counts
+    the prior."""
+    spec = SiteSpec(
+        pcc=PccSpec(limit_mw=5.0, ramp_mw_per_min=1.0),  # the battery's cover ramps in at ~12 kW a period
+        spare_rack_frac=0.0,
+        levels=[LevelSpec(level="row", count=2, rating_kw=1000), LevelSpec(level="rack", count=4)],
+        storage={"bess": {"power_mw": 1.0, "energy_mwh": 0.5}},  # type: ignore[arg-type]
+    )
+    site = build_site(spec, [JobPlacementSpec(name="pretrain", priority=10, racks=(0, 8))])
+
+    def campus_w(gpu_w: float) -> float:
+        return float(site.domain_load_w(site.rack_power_w(np.full(site.n_racks, gpu_w)))[0])
+
+    mean_w, peak_w = 1250.0, 1330.0  # the window mean, and its highest sample: a swing the reading shows
+    assert campus_w(peak_w) < campus_w(min(mean_w * 1.15, site.gpu.rated_w))  # the prior lies above the peak
+    # the measured peak 1.5 % under the limit: inside the PCC's 3 % margin, which is the battery's to make
+    limit_w = campus_w(peak_w) / 0.985
+    assert campus_w(site.gpu.rated_w) > limit_w
+
+    def first_caps(peak_gpu_w: float | None) -> np.ndarray:
+        ctrl = make_controller("dimmer", site)
+        kw = {} if peak_gpu_w is None else {"rack_load_peak_w": site.rack_power_w(np.full(site.n_racks, peak_gpu_w))}
+        act = ctrl.step(_obs(site, 1.0, mean_w, pcc_limit_w=limit_w, **kw))
+        assert np.all(act.rack_cap_w >= site.gpu.min_cap_w) and np.all(act.rack_cap_w <= site.gpu.rated_w)
+        return act.rack_cap_w
+
+    assert np.all(first_caps(peak_w) == site.gpu.rated_w)  # measured: nothing to cut
+    assert np.all(first_caps(None) < site.gpu.rated_w)  # the prior, unmeasured: cut
+    assert np.all(first_caps(site.gpu.rated_w) < site.gpu.rated_w)  # a measured peak over the limit: cut
+    assert np.all(first_caps(mean_w) < site.gpu.rated_w)  # a flat reading may be a slow swing's trough: the prior

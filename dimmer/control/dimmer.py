@@ -177,6 +177,10 @@ class DimmerController:
         self.ran_at_w = np.full(site.n_racks, np.nan)  # that hold when the rack's job last ran (NaN: not seen)
         self.ceiled_from_w = np.full(site.n_jobs, np.nan)  # each stopped job's cap before its start ceiling
         self.long_env_at_s = np.full(site.n_racks, -math.inf)  # when each rack's reading last reached its hold
+        self.swing_seen_s = np.full(site.n_racks, -math.inf)  # when a peak reading last showed a rack's swing
+        self.peak_now_w = np.full(site.n_racks, np.nan)  # this period's peak readings (NaN: none)
+        self.long_peak_w = np.full(site.n_racks, np.nan)  # each rack's peak reading, held as long_env_w is
+        self.prev_bound_excess_w = math.inf  # the racks' bound over the grid ceiling last period
         self.prev_pcc_limit_w: float | None = None
         self.prev_limit_fall_w = 0.0  # how far the limit fell in the period before
         self.was_blind = False  # the last step had no trusted PCC reading
@@ -257,6 +261,31 @@ class DimmerController:
         job_peak = np.zeros(site.n_jobs)
         self._job_reduce(np.maximum, gpu_env_w, job_peak)
         return bool(np.any(capped & (job_peak >= self.cap_w - self.p.cap_rise_w_per_s * self.p.period_s)))
+
+    def _seen_peaks(self, obs: Observation, load_ok: BoolArray, load_w: FloatArray) -> BoolArray:
+        """Which racks' peak readings have shown their swing's peak (this period's peaks in `peak_now_w`).
+
+        A window mean hides a swing's peak, so a job rack counts `hidden_peak_frac` above its highest mean. A rack
+        that reports the highest sample of its window shows the peak itself once a reading holds both of the
+        swing's phases: its peak above its own mean, or above the window's least mean (a swing slower than the
+        window); and for return_hold_full_s after, as the peak hold keeps it, while its readings come. Until then
+        (a first reading, a slow swing seen only in its trough, a flat rack) only the prior is known. A peak reading
+        under its own window's mean is none (a device that leaves the register at 0)."""
+        p = self.p
+        peak_in = obs.rack_load_peak_w
+        if peak_in is None:
+            self.peak_now_w = np.full(self.site.n_racks, np.nan)
+            return np.zeros(self.site.n_racks, dtype=bool)
+        with np.errstate(invalid="ignore"):
+            ok = load_ok & np.isfinite(peak_in) & (peak_in >= load_w * (1.0 - p.flat_frac))
+        peak_w = np.where(ok, np.fmax(peak_in, load_w), np.nan)
+        self.peak_now_w = peak_w
+        low_w = np.fmin(load_w, self.rack_env.trough())
+        showed = ok & (peak_w > (1.0 + p.flat_frac) * low_w)
+        self.swing_seen_s = np.where(showed, obs.t_s, self.swing_seen_s)
+        # (and only while the readings come: a rack whose agent is down shows nothing of what it draws now)
+        seen: BoolArray = ok & (obs.t_s - self.swing_seen_s <= p.return_hold_full_s)
+        return seen
 
     def _job_hidden_frac(self, gpu_env_w: FloatArray) -> FloatArray:
         """Per job, the share of its peak its readings may hide: `hidden_peak_frac` where its racks' window shows a
@@ -426,6 +455,7 @@ class DimmerController:
         load_w = np.where(load_ok, obs.rack_load_w, np.nan)
         load_env = self.rack_env.update(load_w)
         load_env = np.where(np.isfinite(load_env), load_env, rack_w)
+        peak_seen = self._seen_peaks(obs, load_ok, load_w)
         limit = np.asarray(obs.domain_limit_w, dtype=np.float64).copy()
 
         # Readings lag the caps by a period or two: what the racks can draw under the caps in force now bounds
@@ -452,6 +482,7 @@ class DimmerController:
         reached = ~(load_env < self.long_env_w * decay)  # (and a first reading, or one after a lost hold)
         self.long_env_at_s = np.where(reached & np.isfinite(load_env), obs.t_s, self.long_env_at_s)
         self.long_env_w = np.fmax(load_env, self.long_env_w * decay)
+        self.long_peak_w = np.fmax(self.peak_now_w, self.long_peak_w * decay)  # (the peak readings, held alike)
         # (the higher of the cap commanded and the cap the GPUs report enforcing: a rack whose writes are lost, or
         # whose firmware ignores them, draws to the cap it has, not the one it was sent)
         enforced_w = np.where(np.isfinite(obs.rack_cap_w), obs.rack_cap_w, gpu.rated_w)
@@ -505,6 +536,13 @@ class DimmerController:
         # the campus also carries what no rack meter sees (the overhead the PCC shows) and the BBUs' recharge
         overhead_w = max(float(domain_w[0]) + bess_now_w - float(from_racks[0]), 0.0)
         campus_bound_w = float(np.sum(bound_rack)) + overhead_w + float(self.bbus.recharge_w.sum())
+        # ... of which the racks whose peak readings show their swing's peak draw only their held peak: the rest is
+        # the prior's, which the battery may take on at the ramp while the caps leave it be (a first reading 15 %
+        # above the mean cut a job a measured 1,100 W peak never put near the limit)
+        measured_rack = np.fmin(at_caps, np.fmax(self.long_peak_w, load_env))
+        unmeasured_w = float(
+            np.sum(np.where(peak_seen & job_rack_now & ~stopped, np.maximum(bound_rack - measured_rack, 0.0), 0.0))
+        )
         # the caps are set against the bound without the guards of jobs that run again (the guards only bridge the
         # periods the readings and the cut take to arrive); the battery charges under the guarded bound
         cut_bound_w = campus_bound_w + returning_w
@@ -619,6 +657,14 @@ class DimmerController:
         # 0 W when its controller goes silent (SunSpec WSetRvrtTms), and that step must stay within the rule.
         cover_w = min(cut_bound_w - grid_cap, discharge_plan_w, ramp_budget_w)
         ramp_in = ramp_step if math.isfinite(ramp_step) else math.inf
+        # (the prior's share is left to the cover only while the cover gains on it: a limit falling faster than the
+        # ramp, a curtailment, outruns it, and the caps must lead it as the readings cannot)
+        gaining = cut_bound_w - grid_cap - self.prev_bound_excess_w < ramp_in
+        self.prev_bound_excess_w = cut_bound_w - grid_cap
+        running_racks = job_rack_now & ~stopped
+        all_measured = gaining and bool(running_racks.any()) and bool(np.all(peak_seen[running_racks]))
+        if not gaining:
+            unmeasured_w = 0.0
         self.bound_cover_w = max(min(cover_w, self.bound_cover_w + ramp_in), 0.0)
         bess_w = max(bess_w, min(self.bound_cover_w, cover_w))
         held_up_w = max(unheld_w - bess_w, 0.0)  # (what is left of it once the limit and the bound are met)
@@ -737,7 +783,13 @@ class DimmerController:
             # the interconnect against its bound: the live racks at these caps, after the battery and the BBUs
             live_gpus = self._live_gpus(live_rack)
             bound_w = cut_bound_w + float(live_gpus @ (new_cap - self.cap_w)) / self.eta
-            over_w = bound_w - bess_w - float(relief[0]) - float(soft[0])
+            # (the measured bound against the battery now, the prior's against the cover the battery is taking on;
+            # where every job rack's peak is measured, the margin under the limit is the cover's to make as well)
+            measured_ceiling_w = pcc_limit_w if all_measured else float(soft[0])
+            over_w = max(
+                bound_w - unmeasured_w - bess_w - measured_ceiling_w, bound_w - max(bess_w, cover_w) - float(soft[0])
+            )
+            over_w -= float(relief[0])
             if over_w > 0:
                 more, left = shed(np.array([over_w]), live_gpus[None, :], np.maximum(new_cap - gpu.min_cap_w, 0.0),
                                   self.groups, self.eta)  # fmt: skip

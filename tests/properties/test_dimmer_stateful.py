@@ -62,6 +62,9 @@ class World:
         self.derate = np.ones(d)
         self.pcc_scale = 1.0
         self.job_running = np.ones(site.n_jobs, dtype=bool)
+        # racks that report their window's highest sample, this share above its mean (a swing within the window);
+        # None: no peak readings (the controller keeps its hidden-peak prior)
+        self.peak_frac: float | None = None
         self.quiet_steps = 0  # control steps since the world last changed (new demand, a fault, a limit, a job)
 
     def rack_true_w(self) -> np.ndarray:
@@ -112,6 +115,7 @@ class World:
             bess_power_w=bess_w,
             bess_online=self.bess_online,
             job_running=self.job_running.copy(),
+            rack_load_peak_w=None if self.peak_frac is None else rack_w * (1.0 + self.peak_frac),
         )
 
     def pcc_reading(self, true_w: float) -> float:
@@ -290,6 +294,13 @@ class DimmerMachine(RuleBasedStateMachine):
     def thermal(self, data: st.DataObject, frac: float) -> None:
         d = data.draw(st.integers(0, self.site.n_domains - 1), label="domain")
         self.world.thermal[d] = frac
+        self._changed()
+        self._step()
+
+    @rule(frac=st.sampled_from([None, 0.0, 0.05, 0.3]))
+    def peak_readings(self, frac: float | None) -> None:
+        """The racks report (or stop reporting) their window's highest sample: flat, or a swing's peak above it."""
+        self.world.peak_frac = frac
         self._changed()
         self._step()
 
