@@ -701,3 +701,26 @@ def test_a_measured_peak_under_the_limit_is_not_cut_for_the_peak_a_mean_may_hide
     assert np.all(first_caps(None) < site.gpu.rated_w)  # the prior, unmeasured: cut
     assert np.all(first_caps(site.gpu.rated_w) < site.gpu.rated_w)  # a measured peak over the limit: cut
     assert np.all(first_caps(mean_w) < site.gpu.rated_w)  # a flat reading may be a slow swing's trough: the prior
+
+
+def test_a_paced_row_waits_while_the_import_has_fallen_as_far_as_the_ramp_rule_allows() -> None:
+    """A row over its rating whose breaker reports itself cool is brought down at the ramp: the controller's choice,
+    not the breaker's need. Where the load falls by itself meanwhile (the other row's job goes to its rollouts,
+    280 kW at once on a 0.3 MW/min site), the pace waits until the rule's window has room for it again, then comes
+    down under the rating (oversubscribed-row, seeds 1-3: the two together went 14-18 s past the ramp limit)."""
+    site = _site(ramp_mw_per_min=0.3)
+    ctrl = make_controller("dimmer", site)
+    row0, row1 = site.domain_index("r0"), site.domain_index("r1")
+    draw = np.full(site.n_racks, 1260.0)
+    in_row1 = np.isin(np.arange(site.n_racks), np.flatnonzero(site.incidence[row1].toarray().ravel()))
+    planned = {}
+    for k in range(1, 151):
+        if k == 15:
+            draw = np.where(in_row1, 300.0, draw)
+        act = ctrl.step(_obs(site, float(k), draw, domain_thermal_frac=np.zeros(site.n_domains)))
+        assert act.planned_domain_w is not None
+        planned[k] = float(act.planned_domain_w[row0])
+    rating = float(site.domain_rating_w[row0])
+    assert planned[1] > 1.1 * rating and planned[14] < planned[2]  # paced down before the fall
+    assert max(planned[k] for k in range(16, 61)) == min(planned[k] for k in range(16, 61))  # then it waits
+    assert planned[150] <= rating * (1 + 1e-9)  # and comes under its rating once the rule has room

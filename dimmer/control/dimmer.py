@@ -348,6 +348,7 @@ class DimmerController:
         over: BoolArray,
         obs: Observation,
         ramp_step: float,
+        fall_room_w: float,
     ) -> tuple[FloatArray, BoolArray]:
         """(cuts, which domains are paced). A domain over its rating but within pace_max_frac of it, whose breaker
         reports a thermal state under the emergency level, has its planned level brought down by its share of a ramp
@@ -357,7 +358,9 @@ class DimmerController:
         17-22 % over theirs dropped 1.4 MW in the first second (the BBUs took another 1.4 MW for one second), and
         its first minute broke a 1 MW/min ramp limit. A breaker that heats to thermal_emergency_frac meanwhile, one
         that reports no state, and an overload past pace_max_frac are cut at once; the interconnect is never
-        paced."""
+        paced. Nor does a level's pace take the import down further than the ramp rule's room leaves it
+        (`fall_room_w`): a paced cut is the controller's choice, and where the load falls by itself (an RL job
+        going to its rollouts) the two together broke the rule (oversubscribed-row at seeds 1-3: 14-18 s)."""
         site = self.site
         paced = over & (env < self.p.pace_max_frac * limit) & np.isfinite(obs.domain_thermal_frac)
         paced[0] = False
@@ -372,7 +375,10 @@ class DimmerController:
         # nor from the domain at its caps where a cut elsewhere took it lower: that step spent the ramp room this
         # level would use, and starting from it took oversubscribed-row 5.4 s past its ramp limit)
         level_w = np.where(np.isfinite(self.pace_level_w), self.pace_level_w, env) - ramp_step * share
-        paced_cut = np.minimum(cut, np.maximum(env - level_w, 0.0))
+        paced_cut = np.where(paced, np.minimum(cut, np.maximum(env - level_w, 0.0)), 0.0)
+        level_cut = np.zeros_like(level_excess)
+        np.add.at(level_cut, site.domain_level, paced_cut)
+        paced_cut *= np.minimum(1.0, fall_room_w / np.maximum(level_cut, 1e-9))[site.domain_level]
         self.pace_level_w = np.where(paced, np.maximum(level_w, env - cut), np.inf)
         out: FloatArray = np.where(paced, paced_cut, cut)
         return out, paced
@@ -698,8 +704,10 @@ class DimmerController:
         emergency = over | (thermal >= p.thermal_emergency_frac)
         emergency[0] = seen_w >= p.emergency_frac * limit[0]  # the bound is a worst case, not a reading
         cut = np.where(emergency, np.maximum(cut, env - soft), cut)
+        # (how far the import may fall from its level now, as the ramp rule measures it)
+        fall_room_w = max(min(bus_w, bus_now_w) - bess_w - room_lo_w, 0.0)
         cut, paced = self._pace_cuts(
-            cut, env, soft, limit, over & ~(thermal >= p.thermal_emergency_frac), obs, ramp_step
+            cut, env, soft, limit, over & ~(thermal >= p.thermal_emergency_frac), obs, ramp_step, fall_room_w
         )
         # the campus is cut to its bound below, once the jobs' other cuts are known; here the readings and the ramp
         cut[0] = max(grid_cut, seen_w - soft[0] if emergency[0] else 0.0)
