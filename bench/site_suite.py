@@ -3,6 +3,7 @@
     python3 bench/site_suite.py                      # every site, every controller, on all cores
     python3 bench/site_suite.py --only bare-racks    # one site (a comma list, or --only repeated)
     python3 bench/site_suite.py --jobs 1 --out out/site-suite   # serially; also write site_suite.md / .json
+    python3 bench/site_suite.py --dir scenarios --seed 1        # the library, at another seed than its own
 
 Each (site, controller) pair is one `gridsim.compare.compare` run (the scenario's own seed, so every controller sees
 the same jobs, jitter and events), summarised with the summary.json contract; pairs run in parallel processes.
@@ -71,14 +72,16 @@ OPTIONAL_COLUMNS: tuple[tuple[str, str, str], ...] = (
 # -- running -------------------------------------------------------------------------------------------------
 
 
-def site_paths(only: list[str]) -> list[Path]:
-    paths = sorted(SITES.glob("*.toml"))
+def site_paths(only: list[str], folder: Path = SITES) -> list[Path]:
+    paths = sorted(folder.glob("*.toml"))
+    if not paths:
+        raise SystemExit(f"site_suite: --dir: no scenario (*.toml) in {folder}")
     if not only:
         return paths
     by_name = {p.stem: p for p in paths}
     unknown = [n for n in only if n not in by_name]
     if unknown:
-        raise SystemExit(f"site_suite: --only: no site {unknown[0]!r} in {SITES} (have: {', '.join(by_name)})")
+        raise SystemExit(f"site_suite: --only: no site {unknown[0]!r} in {folder} (have: {', '.join(by_name)})")
     return [by_name[n] for n in only]
 
 
@@ -257,11 +260,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel processes (default: all cores)")
     ap.add_argument("--controllers", default=None, help="a comma list (default: every registered controller)")
     ap.add_argument("--seed", type=int, default=None, help="the same seed for every run (default: each site's)")
+    ap.add_argument(
+        "--dir",
+        type=Path,
+        default=SITES,
+        help="judge the scenarios of this folder instead (scenarios/ for the library, scenarios/faults/ ...)",
+    )
     ap.add_argument("--out", type=Path, default=None, help="also write site_suite.md and site_suite.json here")
     args = ap.parse_args(argv)
 
     only = [n.strip() for part in args.only for n in part.split(",") if n.strip()]
-    paths = site_paths(only)
+    paths = site_paths(only, args.dir)
     known = controller_names()
     controllers = sorted(known, key=lambda n: (n != "none", n != "dimmer", n))
     if args.controllers:

@@ -724,3 +724,31 @@ def test_a_paced_row_waits_while_the_import_has_fallen_as_far_as_the_ramp_rule_a
     assert planned[1] > 1.1 * rating and planned[14] < planned[2]  # paced down before the fall
     assert max(planned[k] for k in range(16, 61)) == min(planned[k] for k in range(16, 61))  # then it waits
     assert planned[150] <= rating * (1 + 1e-9)  # and comes under its rating once the rule has room
+
+
+def test_a_rack_not_yet_heard_from_is_held_like_a_lost_reading_not_sent_to_the_safe_cap() -> None:
+    """One rack's reading lost in the first period (its source says it is 1 s old): the rack is planned at its
+    maximum and its job is not sent to the safe cap (late-lossy-meters at seed 1: a 3,776-GPU job capped at 840 W,
+    climbing back for 39 s). Still unheard after stale_s, or reported older than stale_s (a device never read): the
+    safe cap, as a stale rack."""
+    site = _site()
+    pretrain = site.job_name.index("pretrain")
+    rack = int(np.flatnonzero(site.rack_job == pretrain)[0])
+    lost = np.full(site.n_racks, 600.0)
+    readings = site.rack_power_w(lost)
+    readings[rack] = np.nan
+
+    def pretrain_cap(ctrl: DimmerController, t_s: float, age_s: float) -> float:
+        ages = np.full(site.n_racks, 1.0)
+        ages[rack] = age_s
+        act = ctrl.step(_obs(site, t_s, 600.0, rack_power_w=readings, rack_load_w=readings, rack_age_s=ages))
+        return float(act.rack_cap_w[rack])
+
+    ctrl = make_controller("dimmer", site)
+    assert isinstance(ctrl, DimmerController)
+    assert pretrain_cap(ctrl, 1.0, 1.0) > ctrl.safe_cap_w  # held: planned at its maximum, not flagged
+    caps = [pretrain_cap(ctrl, float(t), float(t)) for t in range(2, 9)]  # nothing heard for ever longer
+    assert caps[-1] <= ctrl.safe_cap_w  # past stale_s: stale
+    never = make_controller("dimmer", site)
+    assert isinstance(never, DimmerController)
+    assert pretrain_cap(never, 1.0, math.inf) <= never.safe_cap_w  # a device never read: stale at once

@@ -72,3 +72,13 @@ def test_the_ride_through_goal_is_sixty_seconds_or_what_the_bbus_hold_uncontroll
     assert len(ride) == 1
     assert ride[0].startswith("PASS" if met else "MISS"), ride[0]
     assert all(line.startswith("PASS") for line in lines if line not in ride)
+
+
+def test_the_suite_judges_any_folder_and_names_an_empty_or_unknown_one(tmp_path: Path) -> None:
+    suite = _suite_module()
+    library = Path(__file__).resolve().parents[1] / "scenarios"
+    assert [p.stem for p in suite.site_paths(["swing-8k"], library)] == ["swing-8k"]
+    with pytest.raises(SystemExit, match="no scenario"):
+        suite.site_paths([], tmp_path)
+    with pytest.raises(SystemExit, match="no site 'bare-racks'"):
+        suite.site_paths(["bare-racks"], library)
