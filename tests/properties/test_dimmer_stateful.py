@@ -10,7 +10,8 @@ control step, and after every step:
 - the controller did not raise, and every action is finite;
 - every rack cap is within [min_cap, rated]; every floor within [0, min(cap, 0.9 rated)];
 - a rack whose telemetry was stale or missing (or every rack while the PCC meter is missing) never had its cap
-  raised, and sits at or below the safe cap;
+  raised, and sits at or below the safe cap; but for a rack not yet heard from whose source says its reading is
+  recent, within stale_s of the controller's first step: it is held (planned at its maximum), its cap not raised;
 - the battery setpoint is within +/- its power (zero while offline or absent);
 - the planned load holds the ratings where load can still be shed (see `_check_plan` for the exact statement).
 """
@@ -66,6 +67,9 @@ class World:
         # None: no peak readings (the controller keeps its hidden-peak prior)
         self.peak_frac: float | None = None
         self.quiet_steps = 0  # control steps since the world last changed (new demand, a fault, a limit, a job)
+        self.heard = np.zeros(n, dtype=bool)  # racks that have reported a reading at least once
+        self.held_unheard = np.zeros(n, dtype=bool)
+        self.first_t_s: float | None = None  # the time of the first observation
 
     def rack_true_w(self) -> np.ndarray:
         site, gpu = self.site, self.site.gpu
@@ -86,6 +90,13 @@ class World:
         self.rack_age_s = np.where(fresh, 0.5, self.rack_age_s + dt_s)
         rack_w = np.where(self.rack_nan, np.nan, self.rack_last_w)
         rack_age = np.where(self.rack_nan, np.inf, self.rack_age_s)
+        if self.first_t_s is None:
+            self.first_t_s = self.t_s
+        # (held, not stale: never heard, reported recent, within stale_s of the first observation)
+        self.held_unheard = (
+            ~self.heard & ~np.isfinite(rack_w) & (rack_age <= STALE_S) & (self.t_s - self.first_t_s <= STALE_S)
+        )
+        self.heard |= np.isfinite(rack_w)
         dom = site.domain_load_w(true_w)
         bess_w = self.bess_w if self.bess_online else 0.0
         # a battery discharging at a steady setpoint drains; the SoC moves enough to reach its window's edges
@@ -133,7 +144,13 @@ class World:
 
 
 def check_actions(
-    site: SiteModel, ctrl: DimmerController, obs: Observation, act: Actions, prev_cap: np.ndarray, quiet_steps: int
+    site: SiteModel,
+    ctrl: DimmerController,
+    obs: Observation,
+    act: Actions,
+    prev_cap: np.ndarray,
+    quiet_steps: int,
+    held_unheard: np.ndarray | None = None,
 ) -> None:
     """The invariants of one step (module docstring), given the observation it saw and the caps it sent before."""
     gpu = site.gpu
@@ -150,7 +167,8 @@ def check_actions(
     pcc_ok = math.isfinite(obs.pcc_power_w) and obs.pcc_age_s <= STALE_S
     stale = ~np.isfinite(obs.rack_power_w) | (obs.rack_age_s > STALE_S) | (not pcc_ok)
     assert np.all(cap[stale] <= prev_cap[stale] + 1e-9), "a stale rack's cap was raised"
-    assert np.all(cap[stale] <= ctrl.safe_cap_w + 1e-9), "a stale rack's cap is above the safe cap"
+    flagged = stale & ~held_unheard if held_unheard is not None and pcc_ok else stale
+    assert np.all(cap[flagged] <= ctrl.safe_cap_w + 1e-9), "a stale rack's cap is above the safe cap"
     _check_plan(site, ctrl, obs, act, quiet_steps)
 
 
@@ -227,7 +245,7 @@ class DimmerMachine(RuleBasedStateMachine):
     def _step(self, dt_s: float = 1.0) -> Actions:
         obs = self.world.observe(dt_s)
         act = self.ctrl.step(obs)
-        check_actions(self.site, self.ctrl, obs, act, self.prev_cap, self.world.quiet_steps)
+        check_actions(self.site, self.ctrl, obs, act, self.prev_cap, self.world.quiet_steps, self.world.held_unheard)
         self.prev_cap = act.rack_cap_w.copy()
         self.world.apply(act)
         self.steps += 1
