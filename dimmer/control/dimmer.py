@@ -498,6 +498,10 @@ class DimmerController:
         self.long_env_at_s = np.where(reached & np.isfinite(load_env), obs.t_s, self.long_env_at_s)
         self.long_env_w = np.fmax(load_env, self.long_env_w * decay)
         self.long_peak_w = np.fmax(self.peak_now_w, self.long_peak_w * decay)  # (the peak readings, held alike)
+        # (a cap binds where the job's peaks reach it, which its means may not show: counted as free, a cap held
+        # at a swing's peak let the battery recharge into the room the job needed to come back, and meter-spike's
+        # job stayed capped 360 s after the spike, 0.51 % of its GPU time)
+        gpu_peak_env = np.fmax(gpu_env, site.gpu_draw_for_rack_w(self.long_peak_w))
         # (the higher of the cap commanded and the cap the GPUs report enforcing: a rack whose writes are lost, or
         # whose firmware ignores them, draws to the cap it has, not the one it was sent)
         enforced_w = np.where(np.isfinite(obs.rack_cap_w), obs.rack_cap_w, gpu.rated_w)
@@ -608,7 +612,7 @@ class DimmerController:
                 b.power_w, (1.0 - p.ramp_margin_frac) * site.ramp_limit_w_per_min * site.ramp_window_s / 60
             )
             soc_pull = float(np.clip(soc_pull, -pull_max_w, pull_max_w))
-            if soc_pull > 0 and self._caps_bind(gpu_env):
+            if soc_pull > 0 and self._caps_bind(gpu_peak_env):
                 soc_pull = 0.0  # recharge from surplus only, never with power a capped job could use
         battery_back = obs.bess_online and not self.bess_was_online and site.bess.energy_j > 0
         self.bess_was_online = obs.bess_online
@@ -640,7 +644,7 @@ class DimmerController:
         # floors). Following a low-pass of the capped load instead, the target lagged it by the ramp times the
         # low-pass's time constant and the caps could rise only by what it gained: a job start climbed at
         # ramp / (1 + forecast_tau_s / period_s), 0.07 of 1.5 MW/min, and lost 25 % of goodput.
-        held_back = self.grid_target_w is not None and self._caps_bind(gpu_env)
+        held_back = self.grid_target_w is not None and self._caps_bind(gpu_peak_env)
         if math.isfinite(ramp_step):
             if held_back:
                 target = max(target, min(prev + ramp_step, max(bus_caps_w, bus_now_w)))
