@@ -780,3 +780,27 @@ def test_a_cap_at_the_swing_s_peak_binds_though_the_means_sit_under_it() -> None
 
     assert not any(charges(peaks=True))
     assert all(charges(peaks=False))
+
+
+def test_peak_readings_show_a_swing_only_once_a_reading_holds_both_its_phases() -> None:
+    """A flat reading shows nothing (it may be a slow swing's trough); a peak above its own mean, or above the
+    window's least mean, shows the swing, for hold_full_s while readings come; a peak under its own mean (a device
+    that leaves the register at 0) and a rack whose reading is not trusted show nothing."""
+    from dimmer.control.peak_readings import PeakReadings
+
+    peaks = PeakReadings(5, flat_frac=0.01, hold_full_s=60.0)
+    load = np.array([100.0, 100.0, 100.0, 100.0, 100.0])
+    ok = np.array([True, True, True, True, False])
+    peak = np.array([100.0, 112.0, 100.0, 0.0, 112.0])  # flat, swings, flat above a lower trough, 0 W, dark
+    trough = np.array([100.0, 100.0, 90.0, 100.0, 100.0])
+    seen = peaks.update(peak, 1.0, ok, load, trough)
+    assert seen.tolist() == [False, True, True, False, False]
+    assert np.isnan(peaks.now_w[3]) and np.isnan(peaks.now_w[4]) and peaks.now_w[1] == 112.0
+    flat = np.full(5, 100.0)
+    assert peaks.update(flat, 50.0, ok, load, load).tolist() == [False, True, True, False, False]  # held
+    assert not peaks.update(flat, 62.0, ok, load, load).any()  # hold_full_s after the last that showed it
+    peaks.hold(1.0)
+    assert peaks.held_w[:4].tolist() == [100.0] * 4 and np.isnan(peaks.held_w[4])  # (the dark rack: nothing)
+    assert not peaks.update(None, 63.0, ok, load, load).any() and np.isnan(peaks.now_w).all()
+    peaks.hold(0.5)  # no new reading: the hold decays as the means' does
+    assert peaks.held_w[:4].tolist() == [50.0] * 4

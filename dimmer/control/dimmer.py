@@ -35,6 +35,7 @@ from pydantic import Field, ValidationError
 from dimmer.control import register
 from dimmer.control.allocation import grant, job_gpus_per_domain, priority_groups, shed
 from dimmer.control.filters import LowPass, SwingLevel, Window, progressive_cut_w
+from dimmer.control.peak_readings import PeakReadings
 from dimmer.control.plausibility import PHRASES, PccCheck
 from dimmer.control.rack_storage import BbuPolicy
 from dimmer.control.ramp_room import RampRoom, ReturnHold
@@ -177,9 +178,7 @@ class DimmerController:
         self.ran_at_w = np.full(site.n_racks, np.nan)  # that hold when the rack's job last ran (NaN: not seen)
         self.ceiled_from_w = np.full(site.n_jobs, np.nan)  # each stopped job's cap before its start ceiling
         self.long_env_at_s = np.full(site.n_racks, -math.inf)  # when each rack's reading last reached its hold
-        self.swing_seen_s = np.full(site.n_racks, -math.inf)  # when a peak reading last showed a rack's swing
-        self.peak_now_w = np.full(site.n_racks, np.nan)  # this period's peak readings (NaN: none)
-        self.long_peak_w = np.full(site.n_racks, np.nan)  # each rack's peak reading, held as long_env_w is
+        self.peaks = PeakReadings(site.n_racks, params.flat_frac, params.return_hold_full_s)
         self.prev_bound_excess_w = math.inf  # the racks' bound over the grid ceiling last period
         self.prev_pcc_limit_w: float | None = None
         self.prev_limit_fall_w = 0.0  # how far the limit fell in the period before
@@ -262,31 +261,6 @@ class DimmerController:
         job_peak = np.zeros(site.n_jobs)
         self._job_reduce(np.maximum, gpu_env_w, job_peak)
         return bool(np.any(capped & (job_peak >= self.cap_w - self.p.cap_rise_w_per_s * self.p.period_s)))
-
-    def _seen_peaks(self, obs: Observation, load_ok: BoolArray, load_w: FloatArray) -> BoolArray:
-        """Which racks' peak readings have shown their swing's peak (this period's peaks in `peak_now_w`).
-
-        A window mean hides a swing's peak, so a job rack counts `hidden_peak_frac` above its highest mean. A rack
-        that reports the highest sample of its window shows the peak itself once a reading holds both of the
-        swing's phases: its peak above its own mean, or above the window's least mean (a swing slower than the
-        window); and for return_hold_full_s after, as the peak hold keeps it, while its readings come. Until then
-        (a first reading, a slow swing seen only in its trough, a flat rack) only the prior is known. A peak reading
-        under its own window's mean is none (a device that leaves the register at 0)."""
-        p = self.p
-        peak_in = obs.rack_load_peak_w
-        if peak_in is None:
-            self.peak_now_w = np.full(self.site.n_racks, np.nan)
-            return np.zeros(self.site.n_racks, dtype=bool)
-        with np.errstate(invalid="ignore"):
-            ok = load_ok & np.isfinite(peak_in) & (peak_in >= load_w * (1.0 - p.flat_frac))
-        peak_w = np.where(ok, np.fmax(peak_in, load_w), np.nan)
-        self.peak_now_w = peak_w
-        low_w = np.fmin(load_w, self.rack_env.trough())
-        showed = ok & (peak_w > (1.0 + p.flat_frac) * low_w)
-        self.swing_seen_s = np.where(showed, obs.t_s, self.swing_seen_s)
-        # (and only while the readings come: a rack whose agent is down shows nothing of what it draws now)
-        seen: BoolArray = ok & (obs.t_s - self.swing_seen_s <= p.return_hold_full_s)
-        return seen
 
     def _job_hidden_frac(self, gpu_env_w: FloatArray) -> FloatArray:
         """Per job, the share of its peak its readings may hide: `hidden_peak_frac` where its racks' window shows a
@@ -470,7 +444,7 @@ class DimmerController:
         load_w = np.where(load_ok, obs.rack_load_w, np.nan)
         load_env = self.rack_env.update(load_w)
         load_env = np.where(np.isfinite(load_env), load_env, rack_w)
-        peak_seen = self._seen_peaks(obs, load_ok, load_w)
+        peak_seen = self.peaks.update(obs.rack_load_peak_w, obs.t_s, load_ok, load_w, self.rack_env.trough())
         limit = np.asarray(obs.domain_limit_w, dtype=np.float64).copy()
 
         # Readings lag the caps by a period or two: what the racks can draw under the caps in force now bounds
@@ -497,11 +471,11 @@ class DimmerController:
         reached = ~(load_env < self.long_env_w * decay)  # (and a first reading, or one after a lost hold)
         self.long_env_at_s = np.where(reached & np.isfinite(load_env), obs.t_s, self.long_env_at_s)
         self.long_env_w = np.fmax(load_env, self.long_env_w * decay)
-        self.long_peak_w = np.fmax(self.peak_now_w, self.long_peak_w * decay)  # (the peak readings, held alike)
+        self.peaks.hold(decay)
         # (a cap binds where the job's peaks reach it, which its means may not show: counted as free, a cap held
         # at a swing's peak let the battery recharge into the room the job needed to come back, and meter-spike's
         # job stayed capped 360 s after the spike, 0.51 % of its GPU time)
-        gpu_peak_env = np.fmax(gpu_env, site.gpu_draw_for_rack_w(self.long_peak_w))
+        gpu_peak_env = np.fmax(gpu_env, site.gpu_draw_for_rack_w(self.peaks.held_w))
         # (the higher of the cap commanded and the cap the GPUs report enforcing: a rack whose writes are lost, or
         # whose firmware ignores them, draws to the cap it has, not the one it was sent)
         enforced_w = np.where(np.isfinite(obs.rack_cap_w), obs.rack_cap_w, gpu.rated_w)
@@ -558,7 +532,7 @@ class DimmerController:
         # ... of which the racks whose peak readings show their swing's peak draw only their held peak: the rest is
         # the prior's, which the battery may take on at the ramp while the caps leave it be (a first reading 15 %
         # above the mean cut a job a measured 1,100 W peak never put near the limit)
-        measured_rack = np.fmin(at_caps, np.fmax(self.long_peak_w, load_env))
+        measured_rack = np.fmin(at_caps, np.fmax(self.peaks.held_w, load_env))
         unmeasured_w = float(
             np.sum(np.where(peak_seen & job_rack_now & ~stopped, np.maximum(bound_rack - measured_rack, 0.0), 0.0))
         )
