@@ -3,7 +3,9 @@
     python3 bench/nvml_readonly.py                 # every GPU NVML sees
     python3 bench/nvml_readonly.py --gpu-index 0   # only these (repeatable)
 
-A JSON list, one object a GPU: index, name, power_w (NVML's power usage), limit_w (the management limit),
+A JSON list, one object a GPU: index, name, power_w (NVML's power usage), peak_power_w (the highest of NVML's
+buffered power samples, nvmlDeviceGetSamples with NVML_TOTAL_POWER_SAMPLES: what `dimmer agent` reports as the
+rack's peak; null where the GPU keeps none), limit_w (the management limit),
 default_limit_w, enforced_limit_w (what the GPU holds: what `dimmer agent` reports), min_limit_w, max_limit_w. It
 goes through `dimmer.daemon.nvml.read_gpus`, whose NVML handle lets only nvmlInit, nvmlShutdown and the
 nvmlDeviceGet* / nvmlSystemGet* queries through: no NVML set function can be reached from here. Needs

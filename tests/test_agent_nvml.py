@@ -214,6 +214,7 @@ def test_read_only_backend_reaches_no_set_function(nvml: FakeNvml) -> None:
         "index": 1,
         "name": "NVIDIA GB300",
         "power_w": pytest.approx(456.790),
+        "peak_power_w": None,  # no power samples kept (NOT_FOUND): not measured
         "limit_w": 1300.001,
         "default_limit_w": 1200.0,
         "enforced_limit_w": 1000.0,
@@ -234,10 +235,15 @@ def test_bench_nvml_readonly_prints_json_and_sets_nothing(
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    nvml.samples = [[], [(100, 700_000), (200, 905_500)]]
     assert script.main(["--gpu-index", "1"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["index"] for r in rows] == [1] and rows[0]["enforced_limit_w"] == 1000.0
     assert rows[0]["default_limit_w"] == 1200.0 and rows[0]["power_w"] == pytest.approx(456.790)
+    assert rows[0]["peak_power_w"] == pytest.approx(905.5)  # the highest of the GPU's buffered power samples
+    nvml.samples = [[], []]
+    assert script.main(["--gpu-index", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["peak_power_w"] is None  # none kept: null, not NaN (invalid JSON)
     assert not [n for n in nvml.names() if "Set" in n]
     nvml.fail.add("nvmlInit")
     assert script.main([]) == 1

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -277,14 +278,21 @@ class NvmlGpus:
             self._nv.nvmlShutdown()
 
 
+def _json_w(v: float) -> float | None:
+    """A reading for JSON: None where not measured (JSON has no NaN)."""
+    return float(v) if math.isfinite(v) else None
+
+
 def read_gpus(indices: list[int] | None = None) -> list[dict[str, Any]]:
     """What NVML reports for each GPU, read only (no NVML set function can be reached): index, name, power,
-    management, default and enforced limit, settable range, in W. GpuError if NVML cannot be used."""
+    the highest of NVML's buffered power samples (None where the GPU keeps none), management, default and enforced
+    limit, settable range, in W. GpuError if NVML cannot be used."""
     gpus = NvmlGpus(indices, read_only=True)
     try:
         lo, hi = gpus.constraints_w()
         cols = {
             "power_w": gpus.power_w(),
+            "peak_power_w": gpus.peak_power_w(),
             "limit_w": gpus.limit_w(),
             "default_limit_w": gpus.default_limit_w(),
             "enforced_limit_w": gpus.enforced_limit_w(),
@@ -293,7 +301,7 @@ def read_gpus(indices: list[int] | None = None) -> list[dict[str, Any]]:
         }
         names = gpus.names()
         return [
-            {"index": idx, "name": names[k], **{key: float(v[k]) for key, v in cols.items()}}
+            {"index": idx, "name": names[k], **{key: _json_w(v[k]) for key, v in cols.items()}}
             for k, idx in enumerate(gpus.indices)
         ]
     finally:
