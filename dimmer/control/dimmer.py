@@ -533,8 +533,9 @@ class DimmerController:
         # the prior's, which the battery may take on at the ramp while the caps leave it be (a first reading 15 %
         # above the mean cut a job a measured 1,100 W peak never put near the limit)
         measured_rack = np.fmin(at_caps, np.fmax(self.peaks.held_w, load_env))
+        running_racks = job_rack_now & ~stopped
         unmeasured_w = float(
-            np.sum(np.where(peak_seen & job_rack_now & ~stopped, np.maximum(bound_rack - measured_rack, 0.0), 0.0))
+            np.sum(np.where(peak_seen & running_racks, np.maximum(bound_rack - measured_rack, 0.0), 0.0))
         )
         # the caps are set against the bound without the guards of jobs that run again (the guards only bridge the
         # periods the readings and the cut take to arrive); the battery charges under the guarded bound
@@ -654,7 +655,6 @@ class DimmerController:
         # ramp, a curtailment, outruns it, and the caps must lead it as the readings cannot)
         gaining = cut_bound_w - grid_cap - self.prev_bound_excess_w < ramp_in
         self.prev_bound_excess_w = cut_bound_w - grid_cap
-        running_racks = job_rack_now & ~stopped
         all_measured = gaining and bool(running_racks.any()) and bool(np.all(peak_seen[running_racks]))
         if not gaining:
             unmeasured_w = 0.0

@@ -109,7 +109,6 @@ class SimulatedGpus:
                 raise GpuError(f"{name} outside {min_w:g}..{max_w:g} W")
         self.external_w = np.full(n_gpus, np.inf)
         self.demand_w = np.full(n_gpus, float(max_w if demand_w is None else demand_w))
-        self.peak_demand_w = self.demand_w.copy()  # the highest sample between two reads (a swing's peak)
         self.history: list[FloatArray] = []  # every set_limit_w call
         self.closed = False
         self.fail_next = 0  # the next this-many calls to set_limit_w raise GpuError (fault injection)
@@ -136,8 +135,7 @@ class SimulatedGpus:
         return out
 
     def peak_power_w(self) -> FloatArray:
-        out: FloatArray = np.minimum(np.maximum(self.demand_w, self.peak_demand_w), self.enforced_limit_w())
-        return out
+        return self.power_w()  # (they draw their demand steadily: their highest sample is what they draw)
 
     def set_limit_w(self, limit_w: FloatArray) -> None:
         if self.fail_next > 0:
