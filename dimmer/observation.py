@@ -6,6 +6,7 @@ per-job `(n_jobs,)`. A value nobody measured is NaN, never zero; each reading ca
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,6 +52,9 @@ class Observation:
     # the highest sample of rack_load_w's window (NVML's power samples, a power shelf's peak register): where the
     # racks report it, a swing's peak between two window means is measured, not assumed; None or NaN: not measured
     rack_load_peak_w: FloatArray | None = None
+    # the least import a parent asks this site to hold (a campus coordinator's floor on a building, where the campus
+    # falls faster than the utility's ramp rule lets it and the battery cannot take the rest); NaN: none
+    import_floor_w: float = math.nan
 
     @property
     def n_racks(self) -> int:

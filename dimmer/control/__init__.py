@@ -51,7 +51,7 @@ def make_controller(
 
 def _load_builtin() -> None:
     # Importing the modules registers their controllers.
-    from dimmer.control import baselines, dimmer  # noqa: F401
+    from dimmer.control import baselines, campus, dimmer  # noqa: F401
 
 
 __all__ = ["Actions", "Controller", "Observation", "controller_names", "make_controller", "register"]

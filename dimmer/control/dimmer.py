@@ -194,6 +194,10 @@ class DimmerController:
         self.cap_w = np.full(site.n_jobs, gpu.rated_w)
         self.floor_w = np.zeros(site.n_racks)
         self.grid_target_w: float | None = None
+        self.bound_w = self.prior_w = math.nan  # (see step: what a parent is told)
+        self.return_w = self.return_gpus = 0.0
+        self.all_measured = False
+        self.rack_bound_w = self.rack_back_w = np.zeros(site.n_racks)
         self.ramp_room = RampRoom(site.ramp_window_s, params.period_s)  # the import's history, as the rule reads it
         self.return_hold = ReturnHold(params.goodput_worth_j_per_gpu_s)
         self.t_last_s: float | None = None
@@ -612,6 +616,23 @@ class DimmerController:
             room_lo_w,
             self.return_hold.level_w(return_w, return_gpus, with_return_w, room_lo_w, ramp_budget_w, climb_w_per_s, dt),
         )
+        if math.isfinite(obs.import_floor_w):
+            room_lo_w = max(room_lo_w, obs.import_floor_w)  # the parent's floor: its ramp rule, met here
+        # what this site tells a parent of itself (a building to its campus coordinator): the most its racks may draw
+        # at the caps in force (in all, and each rack), the prior's share of it (peaks no reading measured), whether
+        # every running rack's peak is measured, what its stopped jobs would add back on how many GPUs, and each
+        # rack as it would be with its stopped job back
+        self.bound_w, self.prior_w, self.return_w, self.return_gpus = cut_bound_w, unmeasured_w, return_w, return_gpus
+        # (a stopped job back where it last ran, at most at its racks' rated power, or at that where it has not run
+        # since this controller started: a stopped job's caps are held for its return, and a parent planning on
+        # them would hold them there)
+        back_rack = np.where(
+            np.isfinite(self.ran_at_w), np.fmin(self.rack_max_w, self.ran_at_w * (1.0 + p.hidden_peak_frac)),
+            self.rack_max_w,
+        )  # fmt: skip
+        self.rack_bound_w = bound_rack
+        self.rack_back_w = np.where(down, np.fmax(back_rack, bound_rack), bound_rack)
+        self.all_measured = bool(np.all(peak_seen[running_racks]))
         prev = bus_w if self.grid_target_w is None else self.grid_target_w
         target = forecast + soc_pull
         # A load its caps hold back would rise if they let it: the grid target follows it up as far as the ramp

@@ -1,0 +1,284 @@
+"""The campus coordinator: the interconnect, the utility's ramp rule and the campus battery, over buildings it sees
+as one controllable load each.
+
+Each building reports its import, the most it may draw at the caps in force (its *bound*, peaks included), what it
+could shed by priority and what its floors could add; the coordinator answers with a budget: a ceiling on that
+bound and, where the campus falls faster than the ramp rule allows and the battery cannot take the rest, a floor
+under its import. Grid shaping is the flat controller's (dimmer.py, layer 1) on the campus's own readings: a grid
+target that follows the campus load within the rule's room (ramp_room.py) and under the interconnect's margin, the
+battery for the difference, then a cut (ceilings lowered, lowest priority first across buildings) or a fill (floors,
+where there is fill to give). A ceiling rises only by the room granted to it: a building whose load climbs of itself
+(a restart, a job start) meets its ceiling and holds there, and the coordinator grants the climb at the ramp.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from dimmer.control.filters import LowPass, SwingLevel
+from dimmer.control.ramp_room import RampRoom, ReturnHold
+from dimmer.site import BessRatings
+
+FloatArray = npt.NDArray[np.float64]
+
+OVERHEAD_TAU_S = 60.0  # the unmetered overhead is learned this slowly
+
+
+@dataclass(frozen=True)
+class BuildingReports:
+    """What each building last told its parent (arrays over buildings; `(n_buildings, n_groups)` by priority group,
+    lowest priority first). Every load is in the bound's currency: the most the racks may draw, peaks included. A
+    building not heard from has t_s = -inf."""
+
+    t_s: FloatArray
+    import_w: FloatArray  # its meter, NaN where it has none
+    bound_w: FloatArray  # the most its racks may draw at their caps in force (with its overhead and BBU recharge)
+    prior_w: FloatArray  # the share of the bound that is the prior's (a swing's peak no reading measured)
+    measured: npt.NDArray[np.bool_]  # every running rack's peak is measured
+    return_w: FloatArray  # what its stopped jobs would add back when they run again, on
+    return_gpus: FloatArray  # ... this many GPUs
+    base_w: FloatArray  # what no cap moves: racks without a running job (stopped jobs as they are now), overhead
+    group_w: FloatArray  # (n_b, n_g): each group's running jobs' share of the bound
+    floor_w: FloatArray  # (n_b, n_g): ... at their lowest caps
+    demand_w: FloatArray  # (n_b, n_g): ... as they would draw uncapped (a capped rack: at its rated power)
+    back_w: FloatArray  # what its stopped jobs' returns would add to the bound
+    fill_w: FloatArray  # what floors on its running, uncapped job racks and stopped jobs' GPUs could add
+
+
+@dataclass(frozen=True)
+class Budgets:
+    t_s: float
+    ceiling_w: FloatArray  # the most each building's bound may reach
+    floor_w: FloatArray  # the least import asked of it (NaN: none)
+    bess_setpoint_w: float
+
+
+@dataclass(frozen=True)
+class CoordinatorSettings:
+    period_s: float
+    pcc_margin_frac: float
+    ramp_margin_frac: float
+    forecast_tau_s: float
+    bess_level_s: float
+    bess_soc_target_frac: float
+    bess_soc_recovery_s: float
+    bess_reserve_frac: float
+    fill_deadband_frac: float
+    goodput_worth_j_per_gpu_s: float
+    stale_s: float
+    lease_s: float  # how long a building holds a budget it was sent
+    slack_frac: float  # a ceiling stands this share of the building's most above its bound: room for its readings
+
+
+def allocate(room_w: float, base_w: FloatArray, bound_w: FloatArray, floor_w: FloatArray, demand_w: FloatArray
+             ) -> FloatArray:  # fmt: skip
+    """Each building's share of `room_w`, by priority group (arrays `(n_b, n_g)`, lowest priority first; `base_w`
+    `(n_b,)` what no cap moves, which the room holds first). Room over what the buildings' bounds now hold goes to
+    the groups that would draw more, highest priority first; room short of it is cut from the groups, lowest
+    priority first, no lower than their floors (the caller meets what is left). Within a group, in proportion to
+    each building's want or give, so no building's running jobs lose room to another's rise."""
+    alloc: FloatArray = bound_w.copy()
+    left = room_w - float(base_w.sum() + bound_w.sum())
+    grow = left > 0
+    order = range(bound_w.shape[1] - 1, -1, -1) if grow else range(bound_w.shape[1])
+    left = abs(left)
+    for g in order:
+        if left <= 0:
+            break
+        step = np.maximum(demand_w[:, g] - bound_w[:, g] if grow else bound_w[:, g] - floor_w[:, g], 0.0)
+        total = float(step.sum())
+        if total <= 0:
+            continue
+        take = min(left, total)
+        alloc[:, g] += (step if grow else -step) * (take / total)
+        left -= take
+    return alloc
+
+
+class CampusCoordinator:
+    def __init__(
+        self,
+        building_max_w: FloatArray,
+        pcc_limit_w: float,
+        ramp_limit_w_per_min: float,
+        ramp_window_s: float,
+        bess: BessRatings,
+        s: CoordinatorSettings,
+    ) -> None:
+        self.max_w = np.asarray(building_max_w, dtype=np.float64)
+        self.ramp_limit_w_per_min, self.ramp_window_s = ramp_limit_w_per_min, ramp_window_s
+        self.bess, self.s = bess, s
+        n_level = max(2, round(s.bess_level_s / s.period_s))
+        n_level_max = max(n_level, math.floor(ramp_window_s / 4.0 / s.period_s))
+        self.level = SwingLevel(n_level, tol_abs=s.fill_deadband_frac * pcc_limit_w, memory=3 * n_level,
+                                max_length=n_level_max)  # fmt: skip
+        self.forecast = LowPass(s.forecast_tau_s)
+        self.ramp_room = RampRoom(ramp_window_s, s.period_s)
+        self.return_hold = ReturnHold(s.goodput_worth_j_per_gpu_s)
+        self.target_w: float | None = None
+        self.alloc_w = np.zeros(self.max_w.shape)  # each building's share of the room last period
+        self.t_last_s: float | None = None
+        # the last ceiling each building was sent while it was heard, and when: its contract if it is lost
+        self.sent_w = np.full(self.max_w.shape, np.inf)
+        self.sent_t_s = np.full(self.max_w.shape, -np.inf)
+        self.last_cut_w = self.last_fill_w = 0.0  # (for the reasons)
+        self.bus_at: dict[float, float] = {}  # the campus load at each step, by time: the reports are older
+        self.overhead = LowPass(OVERHEAD_TAU_S)
+
+    def safe_ceiling_w(self, pcc_limit_w: float) -> FloatArray:
+        """What a building may draw with no parent: its share (by its most) of the interconnect's margin."""
+        out: FloatArray = pcc_limit_w * self.s.pcc_margin_frac * self.max_w / max(float(self.max_w.sum()), 1.0)
+        return out
+
+    def _bess_room(self, soc: float, online: bool) -> tuple[float, float, float]:
+        b = self.bess
+        if not online or b.energy_j <= 0 or not math.isfinite(soc):
+            return 0.0, 0.0, 0.0
+        discharge = b.power_w if soc > b.soc_min_frac + 1e-3 else 0.0
+        charge = b.power_w if soc < b.soc_max_frac - 1e-3 else 0.0
+        taper = float(np.clip((soc - b.soc_min_frac) / max(self.s.bess_reserve_frac, 1e-6), 0.0, 1.0))
+        return discharge, discharge * taper, charge
+
+    def step(
+        self,
+        t_s: float,
+        pcc_power_w: float,
+        pcc_age_s: float,
+        pcc_limit_w: float,
+        bess_soc_frac: float,
+        bess_power_w: float,
+        bess_online: bool,
+        rep: BuildingReports,
+    ) -> Budgets:
+        s = self.s
+        dt = s.period_s if self.t_last_s is None else max(t_s - self.t_last_s, 1e-3)
+        self.t_last_s = t_s
+        # A building not heard from within stale_s is planned at its worst case: the most its contract lets it draw,
+        # the last ceiling it was sent while it was heard until that budget's lease ends, then its safe budget (a
+        # building keeps its budget for the lease, then falls to the safe one); never heard, every GPU at rated
+        heard = (t_s - rep.t_s) <= s.stale_s
+        safe = self.safe_ceiling_w(pcc_limit_w)
+        leased = (t_s - self.sent_t_s) <= s.lease_s
+        worst = np.minimum(np.where(leased, np.fmax(self.sent_w, safe), safe), self.max_w)
+        worst = np.where(np.isfinite(rep.t_s), worst, self.max_w)
+        bound = np.where(heard & np.isfinite(rep.bound_w), rep.bound_w, worst)
+        imp = np.where(heard & np.isfinite(rep.import_w), rep.import_w, bound)
+        base = np.where(heard, rep.base_w, bound)
+        groups = np.where(heard[:, None], rep.group_w, 0.0)
+        floors = np.where(heard[:, None], np.minimum(rep.floor_w, rep.group_w), 0.0)
+        demand = np.where(heard[:, None], np.maximum(rep.demand_w, rep.group_w), 0.0)
+        back = np.where(heard, rep.back_w, 0.0)
+        fill_cap = np.where(heard, rep.fill_w, 0.0)
+        bess_now = bess_power_w if bess_online and math.isfinite(bess_power_w) else 0.0
+        pcc_ok = math.isfinite(pcc_power_w) and pcc_age_s <= s.stale_s
+        buildings_w = float(imp.sum())
+        learned_w = float(self.overhead.value[0]) if self.overhead.value is not None else 0.0
+        bus_now = (pcc_power_w + bess_now) if pcc_ok else buildings_w + learned_w
+        self.bus_at[t_s] = bus_now if pcc_ok else math.nan
+        # what no building meter sees (transformers, the campus's own load): the campus load when the buildings'
+        # reports were taken less their sum, learned slowly (a swinging campus read a period apart differs by the
+        # swing, and that difference is no load)
+        taken = rep.t_s
+        if heard.all() and np.all(taken == taken[0]) and math.isfinite(self.bus_at.get(float(taken[0]), math.nan)):
+            sample = max(self.bus_at[float(taken[0])] - float(rep.import_w[heard].sum()), 0.0)
+            if math.isfinite(sample):
+                self.overhead.update(np.array([sample]), dt)
+        for old in [k for k in self.bus_at if k < t_s - 2.0 * s.stale_s]:
+            del self.bus_at[old]
+        overhead_w = float(self.overhead.value[0]) if self.overhead.value is not None else 0.0
+        level = self.level.update(bus_now)
+        bus_w = level if math.isfinite(level) else bus_now
+        forecast = float(self.forecast.update(np.array([bus_w]), dt)[0])
+        if self.level.warming:
+            self.forecast.value = np.array([bus_w])
+            forecast, self.target_w = bus_w, None
+        grid_cap = pcc_limit_w * s.pcc_margin_frac
+        discharge, discharge_plan, charge = self._bess_room(bess_soc_frac, bess_online)
+        ramp_step = self.ramp_limit_w_per_min / 60.0 * s.ramp_margin_frac * dt
+        budget = s.ramp_margin_frac * self.ramp_limit_w_per_min * self.ramp_window_s / 60.0
+        self.ramp_room.push(pcc_power_w if pcc_ok else math.nan)
+        lo, hi = self.ramp_room.bounds(budget)
+        ret_w, ret_gpus = float(rep.return_w[heard].sum()), float(rep.return_gpus[heard].sum())
+        with_return = max(bus_w, bus_now) + ret_w - max(discharge_plan, bess_now)
+        climb = budget / self.ramp_window_s
+        lo = max(lo, self.return_hold.level_w(ret_w, ret_gpus, with_return, lo, budget, climb, dt))
+        # jobs held back by their caps: a capped rack's demand is its rated power, so any is one
+        slack = s.slack_frac * self.max_w
+        held_back = float(np.sum(np.maximum(base + demand.sum(axis=1) - bound, 0.0))) > 1e-3 * float(self.max_w.sum())
+        b = self.bess
+        soc_pull = 0.0
+        if b.energy_j > 0 and bess_online and math.isfinite(bess_soc_frac):
+            usable = (b.soc_max_frac - b.soc_min_frac) * b.energy_j
+            soc_pull = (s.bess_soc_target_frac - bess_soc_frac) * usable / s.bess_soc_recovery_s
+            pull_max = min(b.power_w, (1.0 - s.ramp_margin_frac) * budget / s.ramp_margin_frac)
+            soc_pull = float(np.clip(soc_pull, -pull_max, pull_max))
+            if soc_pull > 0 and held_back:
+                soc_pull = 0.0  # recharge from surplus only, never with power a capped job could use
+        # (the room is a level for the bounds, given afresh each period: the room given last period is not counted
+        # again; a building may take up to its share in a tick, and the share is what the ramp leaves now)
+        bus_caps = max(bus_w, bus_now)
+        prev = bus_w if self.target_w is None else self.target_w
+        target = forecast + soc_pull
+        if math.isfinite(ramp_step):
+            if self.target_w is not None and held_back:
+                target = max(target, min(prev + ramp_step, bus_caps))
+            target = min(max(target, prev - ramp_step), prev + ramp_step)
+        target = min(target, grid_cap)
+        self.target_w = target
+        bound_total = float(bound.sum()) + overhead_w
+        # the measured share of it (the buildings' peak readings) is held against the limit itself where every
+        # building measures its peaks, the prior's share against the margin, with the battery's cover (as flat)
+        prior_total = float(np.where(heard, np.nan_to_num(rep.prior_w), 0.0).sum())
+        measured_ceiling = pcc_limit_w if bool(np.all(heard & rep.measured)) else grid_cap
+        charge = min(charge, max(grid_cap - bound_total, 0.0))
+        bess_w = float(np.clip(bus_w - target, -charge, discharge))
+        bess_w = max(bess_w, min(min(bus_w, bus_now) - hi, discharge_plan))
+        lo = min(lo, grid_cap)
+        bess_w = min(bess_w, max(max(bus_w, bus_now) - lo, -charge))
+        bess_w = max(bess_w, min(max(bus_w, bus_now) - grid_cap, discharge))
+        # (the battery covers the prior's share of the bound over the margin, as far as its plan and one window's
+        # ramp budget allow: a battery that reverts to 0 W must leave a step the rule allows)
+        cover_w = max(min(discharge_plan, budget), 0.0)
+        bess_w = max(bess_w, min(bound_total - grid_cap, cover_w))
+        # The room for the buildings' bounds: the ramp rule's (the import may rise to the target's next step, or the
+        # top of the rule's room, less what the battery leaves; what it leaves above the room is cut) and the
+        # interconnect's (the measured bound against the limit, the prior's against the margin, with the battery
+        # one ramp step on, as flat)
+        cut_w = max(min(bus_w, bus_now) - bess_w - hi, 0.0)
+        rise_w = max(max(target + ramp_step, hi) + discharge_plan - bus_caps, 0.0) if cut_w <= 0 else -cut_w
+        next_bess = min(bess_w + ramp_step, max(discharge_plan, bess_w))
+        limit_room = min(measured_ceiling + next_bess + prior_total, grid_cap + max(next_bess, cover_w))
+        room = min(bound_total + rise_w, limit_room) - overhead_w
+        # a stopped job's return arrives within a tick, the battery's turn from charging a period later: the
+        # returns get what is left with the battery where it is now
+        return_room = min(measured_ceiling + min(bess_w, bess_now) + prior_total, grid_cap + min(bess_w, bess_now))
+        alloc = base + allocate(room, base, groups, floors, demand).sum(axis=1)
+        left = max(min(room, return_room - overhead_w) - float(alloc.sum()), 0.0)
+        total_back = float(back.sum())
+        if total_back > 0:
+            alloc = alloc + back * min(left / total_back, 1.0)
+        # what no building asked for is spread by what each could still draw (a peak a reading had not shown is
+        # then no cut), within the room
+        spare = max(room - float(alloc.sum()), 0.0)
+        could = np.where(heard, np.maximum(self.max_w - alloc, 0.0), 0.0)
+        if spare > 0 and float(could.sum()) > 0:
+            alloc = alloc + could * min(spare / float(could.sum()), 1.0)
+        self.alloc_w = np.where(heard, alloc, self.alloc_w)
+        ceiling = np.where(heard, alloc + slack, safe)
+        over_w = max(bound_total - overhead_w - room, 0.0)
+        fill_w = max(lo - (max(bus_w, bus_now) - bess_w), 0.0)
+        if fill_w <= s.fill_deadband_frac * pcc_limit_w:
+            fill_w = 0.0
+        total_fill = float(fill_cap.sum())
+        floor = np.full(ceiling.shape, np.nan)
+        if fill_w > 0 and total_fill > 0:
+            give = fill_cap * min(fill_w / total_fill, 1.0)
+            floor = np.where(give > 0, imp + give, np.nan)
+        self.last_cut_w, self.last_fill_w = over_w, fill_w
+        self.sent_w = np.where(heard, ceiling, self.sent_w)
+        self.sent_t_s = np.where(heard, t_s, self.sent_t_s)
+        return Budgets(t_s, ceiling, floor, bess_w)
