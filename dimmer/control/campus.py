@@ -120,6 +120,10 @@ class CampusHierarchy:
             goodput_worth_j_per_gpu_s=building.goodput_worth_j_per_gpu_s,
             stale_s=building.stale_s,
             lease_s=params.lease_s,
+            pcc_check_frac=building.pcc_check_frac,
+            pcc_learn_tau_s=building.pcc_learn_tau_s,
+            pcc_stuck_s=building.pcc_stuck_s,
+            behind_meter_generation_w=building.behind_meter_generation_w,
             slack_frac=params.budget_slack_frac,
         )
         max_w = np.array([part.max_w for part in self.parts])
@@ -153,6 +157,10 @@ class CampusHierarchy:
         self.parent_t_s = -math.inf
         self.bess_setpoint_w = 0.0
         self.last_cut_w = self.last_fill_w = 0.0
+
+    def dimmer_parts(self) -> list[DimmerController]:
+        """The flat controllers this runs (one per building; one for a site of one building)."""
+        return [self.single] if self.single is not None else list(self.children)
 
     # -- the simulated link and its outages -------------------------------------------------------------------------
 
@@ -220,7 +228,11 @@ class CampusHierarchy:
         """What every building tells its parent this period (each from its own racks: sums per building)."""
         site, gpu = self.site, self.site.gpu
         n_b, n_g = len(self.parts), self.n_groups
-        job_on = obs.job_running[np.where(site.rack_job >= 0, site.rack_job, 0)]
+        job_on = (
+            obs.job_running[np.where(site.rack_job >= 0, site.rack_job, 0)]
+            if site.n_jobs
+            else np.zeros(site.n_racks, dtype=bool)
+        )
         running = self.running_rack & job_on
         stopped = self.running_rack & ~job_on
         bound = np.concatenate([c.rack_bound_w for c in self.children])

@@ -1,14 +1,14 @@
 """The campus coordinator: the interconnect, the utility's ramp rule and the campus battery, over buildings it sees
 as one controllable load each.
 
-Each building reports its import, the most it may draw at the caps in force (its *bound*, peaks included), what it
-could shed by priority and what its floors could add; the coordinator answers with a budget: a ceiling on that
-bound and, where the campus falls faster than the ramp rule allows and the battery cannot take the rest, a floor
-under its import. Grid shaping is the flat controller's (dimmer.py, layer 1) on the campus's own readings: a grid
-target that follows the campus load within the rule's room (ramp_room.py) and under the interconnect's margin, the
-battery for the difference, then a cut (ceilings lowered, lowest priority first across buildings) or a fill (floors,
-where there is fill to give). A ceiling rises only by the room granted to it: a building whose load climbs of itself
-(a restart, a job start) meets its ceiling and holds there, and the coordinator grants the climb at the ramp.
+Each building reports its import, the most it may draw at the caps in force (its *bound*, peaks included), and per
+priority group what its running jobs hold of that bound, their floor and what they would draw uncapped, with what
+its stopped jobs' returns would add and what its floors could add; the coordinator answers with a budget: a ceiling
+on that bound and, where the campus falls faster than the ramp rule allows and the battery cannot take the rest, a
+floor under its import. Grid shaping is the flat controller's (dimmer.py, layer 1) on the campus's own readings,
+the PCC meter checked against the buildings' meters (plausibility.py); the room it leaves the buildings' bounds is
+split by priority (`allocate`), the returns getting what is left with the battery where it is now.
+docs/controller.md ("The hierarchy") has the whole of it.
 """
 
 from __future__ import annotations
@@ -20,12 +20,11 @@ import numpy as np
 import numpy.typing as npt
 
 from dimmer.control.filters import LowPass, SwingLevel
+from dimmer.control.plausibility import MISSING, OK, PccCheck
 from dimmer.control.ramp_room import RampRoom, ReturnHold
 from dimmer.site import BessRatings
 
 FloatArray = npt.NDArray[np.float64]
-
-OVERHEAD_TAU_S = 60.0  # the unmetered overhead is learned this slowly
 
 
 @dataclass(frozen=True)
@@ -71,6 +70,10 @@ class CoordinatorSettings:
     goodput_worth_j_per_gpu_s: float
     stale_s: float
     lease_s: float  # how long a building holds a budget it was sent
+    pcc_check_frac: float  # the PCC meter's check against the buildings' meters (plausibility.py)
+    pcc_learn_tau_s: float
+    pcc_stuck_s: float
+    behind_meter_generation_w: float
     slack_frac: float  # a ceiling stands this share of the building's most above its bound: room for its readings
 
 
@@ -126,8 +129,11 @@ class CampusCoordinator:
         self.sent_w = np.full(self.max_w.shape, np.inf)
         self.sent_t_s = np.full(self.max_w.shape, -np.inf)
         self.last_cut_w = self.last_fill_w = 0.0  # (for the reasons)
-        self.bus_at: dict[float, float] = {}  # the campus load at each step, by time: the reports are older
-        self.overhead = LowPass(OVERHEAD_TAU_S)
+        # the PCC reading (its freshness, the battery) at each step, by time: the reports checked against it are older
+        self.readings_at: dict[float, tuple[float, bool, float]] = {}
+        self.pcc_check = PccCheck(pcc_limit_w, s.pcc_check_frac, s.pcc_learn_tau_s, s.pcc_stuck_s,
+                                  generation_w=s.behind_meter_generation_w)  # fmt: skip
+        self.pcc_status = MISSING
 
     def safe_ceiling_w(self, pcc_limit_w: float) -> FloatArray:
         """What a building may draw with no parent: its share (by its most) of the interconnect's margin."""
@@ -176,20 +182,23 @@ class CampusCoordinator:
         bess_now = bess_power_w if bess_online and math.isfinite(bess_power_w) else 0.0
         pcc_ok = math.isfinite(pcc_power_w) and pcc_age_s <= s.stale_s
         buildings_w = float(imp.sum())
-        learned_w = float(self.overhead.value[0]) if self.overhead.value is not None else 0.0
-        bus_now = (pcc_power_w + bess_now) if pcc_ok else buildings_w + learned_w
-        self.bus_at[t_s] = bus_now if pcc_ok else math.nan
-        # what no building meter sees (transformers, the campus's own load): the campus load when the buildings'
-        # reports were taken less their sum, learned slowly (a swinging campus read a period apart differs by the
-        # swing, and that difference is no load)
+        # The PCC meter against the buildings' meters, one meter against many as in the flat controller's check
+        # (plausibility.py), each PCC reading matched to the reports taken at its time (the reports are a period
+        # older, and a swinging campus read a period apart differs by the swing). Its fit is the unmetered load
+        # (transformers, the campus's own); while the meter is implausible the buildings' sum stands in for it.
+        self.readings_at[t_s] = (pcc_power_w, pcc_ok, bess_now)
         taken = rep.t_s
-        if heard.all() and np.all(taken == taken[0]) and math.isfinite(self.bus_at.get(float(taken[0]), math.nan)):
-            sample = max(self.bus_at[float(taken[0])] - float(rep.import_w[heard].sum()), 0.0)
-            if math.isfinite(sample):
-                self.overhead.update(np.array([sample]), dt)
-        for old in [k for k in self.bus_at if k < t_s - 2.0 * s.stale_s]:
-            del self.bus_at[old]
-        overhead_w = float(self.overhead.value[0]) if self.overhead.value is not None else 0.0
+        then = self.readings_at.get(float(taken[0])) if heard.all() and np.all(taken == taken[0]) else None
+        if then is not None:
+            verdict = self.pcc_check.update(then[0], then[1], float(rep.import_w.sum()), then[2], 0.0, pcc_limit_w, dt)
+            self.pcc_status = verdict.status
+        for old in [k for k in self.readings_at if k < t_s - 2.0 * s.stale_s]:
+            del self.readings_at[old]
+        gain, offset_w = self.pcc_check.fit()
+        estimate_bus = gain * buildings_w + offset_w
+        overhead_w = max(estimate_bus - buildings_w, 0.0)
+        trusted = pcc_ok and self.pcc_status in (OK, MISSING)
+        bus_now = (pcc_power_w + bess_now) if trusted else estimate_bus
         level = self.level.update(bus_now)
         bus_w = level if math.isfinite(level) else bus_now
         forecast = float(self.forecast.update(np.array([bus_w]), dt)[0])
@@ -200,7 +209,7 @@ class CampusCoordinator:
         discharge, discharge_plan, charge = self._bess_room(bess_soc_frac, bess_online)
         ramp_step = self.ramp_limit_w_per_min / 60.0 * s.ramp_margin_frac * dt
         budget = s.ramp_margin_frac * self.ramp_limit_w_per_min * self.ramp_window_s / 60.0
-        self.ramp_room.push(pcc_power_w if pcc_ok else math.nan)
+        self.ramp_room.push(bus_now - bess_now)
         lo, hi = self.ramp_room.bounds(budget)
         ret_w, ret_gpus = float(rep.return_w[heard].sum()), float(rep.return_gpus[heard].sum())
         with_return = max(bus_w, bus_now) + ret_w - max(discharge_plan, bess_now)
@@ -255,15 +264,18 @@ class CampusCoordinator:
         room = min(bound_total + rise_w, limit_room) - overhead_w
         # a stopped job's return arrives within a tick, the battery's turn from charging a period later: the
         # returns get what is left with the battery where it is now
-        return_room = min(measured_ceiling + min(bess_w, bess_now) + prior_total, grid_cap + min(bess_w, bess_now))
+        return_room = grid_cap + min(bess_w, bess_now)
         alloc = base + allocate(room, base, groups, floors, demand).sum(axis=1)
-        left = max(min(room, return_room - overhead_w) - float(alloc.sum()), 0.0)
         total_back = float(back.sum())
+        left = max(min(room, return_room - overhead_w - float(slack[heard].sum())) - float(alloc.sum()), 0.0)
         if total_back > 0:
             alloc = alloc + back * min(left / total_back, 1.0)
         # what no building asked for is spread by what each could still draw (a peak a reading had not shown is
         # then no cut), within the room
-        spare = max(room - float(alloc.sum()), 0.0)
+        # (where a return is pending, within what its room leaves, the ceilings' slack included: a building's start
+        # ceiling holds its stopped jobs' caps so their return fits its ceiling, so the ceilings are the room it has)
+        top = room if total_back <= 0 else min(room, return_room - overhead_w - float(slack[heard].sum()))
+        spare = max(top - float(alloc.sum()), 0.0)
         could = np.where(heard, np.maximum(self.max_w - alloc, 0.0), 0.0)
         if spare > 0 and float(could.sum()) > 0:
             alloc = alloc + could * min(spare / float(could.sum()), 1.0)

@@ -373,10 +373,11 @@ def start_without_state(ctrl: Controller, safe_cap_w: float) -> float:
     own headroom and ramp room rather than from rated, and return the rate caps may rise at from there (W per GPU
     per second): the controller's `cap_rise_w_per_s`, or the dimmer default for a controller that has none (the
     baselines: the daemon's start ramp then paces them alone)."""
-    if isinstance(ctrl, DimmerController):
-        cap_w = float(ctrl.site.gpu.clamp_cap_w(safe_cap_w))
-        ctrl.cap_w = np.minimum(ctrl.cap_w, cap_w)
-        return float(ctrl.p.cap_rise_w_per_s)
+    parts = _dimmer_parts(ctrl)
+    for part in parts:
+        part.cap_w = np.minimum(part.cap_w, float(part.site.gpu.clamp_cap_w(safe_cap_w)))
+    if parts:
+        return float(parts[0].p.cap_rise_w_per_s)
     default = DimmerParams.model_fields["cap_rise_w_per_s"].default
     return float(getattr(getattr(ctrl, "p", None), "cap_rise_w_per_s", default))
 
@@ -384,8 +385,16 @@ def start_without_state(ctrl: Controller, safe_cap_w: float) -> float:
 def hold_caps_at_most(ctrl: Controller, cap_w: float) -> None:
     """Keep a controller's own caps at most `cap_w` (the start ramp's ceiling), so that what it believes it holds
     is what was written: a cut it decides is then cut from the cap in force, not from one the ramp never let out."""
+    for part in _dimmer_parts(ctrl):
+        part.cap_w = np.minimum(part.cap_w, cap_w)
+
+
+def _dimmer_parts(ctrl: Controller) -> list[DimmerController]:
+    """The dimmer controllers a controller runs: itself, or a hierarchy's (dimmer-campus: one per building)."""
     if isinstance(ctrl, DimmerController):
-        ctrl.cap_w = np.minimum(ctrl.cap_w, cap_w)
+        return [ctrl]
+    parts = getattr(ctrl, "dimmer_parts", None)
+    return list(parts()) if callable(parts) else []
 
 
 def save_from(ctrl: Controller, site: SiteModel, path: Path) -> bool:

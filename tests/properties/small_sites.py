@@ -24,3 +24,26 @@ def small_site(rows: int, racks: int, n_jobs: int, bess_mw: float) -> SiteModel:
         if bounds[i + 1] > bounds[i]
     ]
     return build_site(spec, jobs)
+
+
+def small_campus(buildings: int, racks: int, n_jobs: int, bess_mw: float) -> SiteModel:
+    """Buildings of two rows of `racks` racks, each row rated 110 kW a rack, each building 200 kW a rack (under what
+    its racks may draw); jobs in contiguous rack ranges that may span buildings."""
+    spec = SiteSpec(
+        pcc=PccSpec(limit_mw=0.2 * buildings * 2 * racks, ramp_mw_per_min=1.0),
+        spare_rack_frac=0.0,
+        levels=[
+            LevelSpec(level="building", count=buildings, rating_kw=200 * 2 * racks),
+            LevelSpec(level="row", count=2, rating_kw=110 * racks),
+            LevelSpec(level="rack", count=racks),
+        ],
+        storage={"bess": {"power_mw": bess_mw, "energy_mwh": bess_mw}},
+    )
+    n = buildings * 2 * racks
+    bounds = np.linspace(0, n, n_jobs + 1).round().astype(int)
+    jobs = [
+        JobPlacementSpec(name=f"j{i}", priority=i % 3, racks=(int(bounds[i]), int(bounds[i + 1])))
+        for i in range(n_jobs)
+        if bounds[i + 1] > bounds[i]
+    ]
+    return build_site(spec, jobs)

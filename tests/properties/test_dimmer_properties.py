@@ -17,16 +17,13 @@ from dimmer.control import make_controller
 from dimmer.control.plausibility import PccCheck
 from dimmer.observation import Observation
 from dimmer.site import SiteModel
-from tests.properties.small_sites import small_site
+from tests.properties.small_sites import small_campus, small_site
 
 floats = st.one_of(st.just(math.nan), st.floats(min_value=-1e3, max_value=1e9))
 
 
 @st.composite
-def scenario(draw: st.DrawFn) -> tuple[SiteModel, list[dict[str, Any]]]:
-    site = small_site(
-        draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(0, 3)), draw(st.sampled_from([0.0, 0.3]))
-    )
+def _steps(draw: st.DrawFn, site: SiteModel) -> list[dict[str, Any]]:
     steps = []
     for _ in range(draw(st.integers(1, 25))):
         n, d = site.n_racks, site.n_domains
@@ -43,7 +40,15 @@ def scenario(draw: st.DrawFn) -> tuple[SiteModel, list[dict[str, Any]]]:
                 "d": d,
             }
         )
-    return site, steps
+    return steps
+
+
+@st.composite
+def scenario(draw: st.DrawFn) -> tuple[SiteModel, list[dict[str, Any]]]:
+    site = small_site(
+        draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(0, 3)), draw(st.sampled_from([0.0, 0.3]))
+    )
+    return site, draw(_steps(site))
 
 
 def _obs(site: SiteModel, t: float, s: dict[str, Any]) -> Observation:
@@ -103,6 +108,47 @@ def test_controller_invariants_under_arbitrary_observations(case: tuple[SiteMode
         assert np.all(cap[not_fresh] <= prev_cap[not_fresh] + 1e-9), "a cap was raised without a fresh reading"
         stale = (s["age_s"] > 5.0) | (~held & ~grace) | s["pcc_nan"]
         assert np.all(cap[stale] <= 0.6 * gpu.rated_w + 1e-9) or gpu.min_cap_w > 0.6 * gpu.rated_w
+        prev_cap = cap
+
+
+@st.composite
+def campus_scenario(draw: st.DrawFn) -> tuple[SiteModel, list[dict[str, Any]]]:
+    site = small_campus(draw(st.integers(2, 3)), draw(st.integers(1, 3)), draw(st.integers(0, 4)),
+                        draw(st.sampled_from([0.0, 0.3])))  # fmt: skip
+    return site, draw(_steps(site))
+
+
+@given(campus_scenario(), st.sampled_from([0.0, 0.3]), st.booleans())
+def test_the_hierarchy_keeps_the_same_invariants_under_arbitrary_observations(
+    case: tuple[SiteModel, list[dict[str, Any]]], latency_s: float, parent_lost: bool
+) -> None:
+    """dimmer-campus: every building's controller keeps the flat controller's rules on its own racks, whatever the
+    coordinator's budgets say, and the campus battery stays within its power."""
+    site, steps = case
+    params: dict[str, Any] = {"link_latency_s": latency_s, "lease_s": 3.0}
+    if parent_lost:
+        params["parent_lost"] = [{"from_s": 2.0, "to_s": 1e9}]
+    ctrl = make_controller("dimmer-campus", site, params)
+    gpu = site.gpu
+    t = 0.0
+    prev_cap = np.full(site.n_racks, gpu.rated_w)
+    held = np.zeros(site.n_racks, dtype=bool)
+    t_first: float | None = None
+    for s in steps:
+        t += s["dt"]
+        t_first = t if t_first is None else t_first
+        grace = ~held & (s["age_s"] <= 5.0) & (t - t_first <= 5.0)
+        held |= np.isfinite(s["gpu_w"]) & (s["age_s"] <= 5.0)
+        act = ctrl.step(_obs(site, t, s))
+        cap, floor = act.rack_cap_w, act.rack_floor_w
+        assert np.all(np.isfinite(cap)) and np.all(np.isfinite(floor))
+        assert np.all(cap >= gpu.min_cap_w) and np.all(cap <= gpu.rated_w)
+        assert np.all(floor >= 0) and np.all(floor <= cap + 1e-9)
+        assert math.isfinite(act.bess_setpoint_w) and abs(act.bess_setpoint_w) <= site.bess.power_w + 1e-6
+        not_fresh = ~np.isfinite(s["gpu_w"]) | (s["age_s"] > 5.0)
+        assert np.all(cap[not_fresh] <= prev_cap[not_fresh] + 1e-9), "a cap was raised without a fresh reading"
+        stale = (s["age_s"] > 5.0) | (~held & ~grace)
+        assert np.all(cap[stale] <= 0.6 * gpu.rated_w + 1e-9)
         prev_cap = cap
 
 
