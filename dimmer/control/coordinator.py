@@ -134,6 +134,7 @@ class CampusCoordinator:
         self.pcc_check = PccCheck(pcc_limit_w, s.pcc_check_frac, s.pcc_learn_tau_s, s.pcc_stuck_s,
                                   generation_w=s.behind_meter_generation_w)  # fmt: skip
         self.pcc_status = MISSING
+        self.cover_w = 0.0  # the battery's cover of the bound over the margin, taken on at the ramp
 
     def safe_ceiling_w(self, pcc_limit_w: float) -> FloatArray:
         """What a building may draw with no parent: its share (by its most) of the interconnect's margin."""
@@ -250,9 +251,12 @@ class CampusCoordinator:
         bess_w = min(bess_w, max(max(bus_w, bus_now) - lo, -charge))
         bess_w = max(bess_w, min(max(bus_w, bus_now) - grid_cap, discharge))
         # (the battery covers the prior's share of the bound over the margin, as far as its plan and one window's
-        # ramp budget allow: a battery that reverts to 0 W must leave a step the rule allows)
+        # ramp budget allow: a battery that reverts to 0 W must leave a step the rule allows; it takes the cover on
+        # at the ramp, as flat: taken at once, its step moved the import into the rule's low side, for floors)
         cover_w = max(min(discharge_plan, budget), 0.0)
-        bess_w = max(bess_w, min(bound_total - grid_cap, cover_w))
+        need_w = min(bound_total - grid_cap, cover_w)
+        self.cover_w = max(min(need_w, self.cover_w + ramp_step), 0.0)
+        bess_w = max(bess_w, min(self.cover_w, need_w))
         # The room for the buildings' bounds: the ramp rule's (the import may rise to the target's next step, or the
         # top of the rule's room, less what the battery leaves; what it leaves above the room is cut) and the
         # interconnect's (the measured bound against the limit, the prior's against the margin, with the battery
@@ -260,7 +264,12 @@ class CampusCoordinator:
         cut_w = max(min(bus_w, bus_now) - bess_w - hi, 0.0)
         rise_w = max(max(target + ramp_step, hi) + discharge_plan - bus_caps, 0.0) if cut_w <= 0 else -cut_w
         next_bess = min(bess_w + ramp_step, max(discharge_plan, bess_w))
-        limit_room = min(measured_ceiling + next_bess + prior_total, grid_cap + max(next_bess, cover_w))
+        # (the cover as far as it will have come next period: counted whole, a limit falling faster than it ramps
+        # in, a curtailment, outran it: commands-delayed on two buildings, 8 s over the limit)
+        limit_room = min(
+            measured_ceiling + next_bess + prior_total,
+            grid_cap + max(next_bess, min(self.cover_w + ramp_step, cover_w)),
+        )
         room = min(bound_total + rise_w, limit_room) - overhead_w
         # a stopped job's return arrives within a tick, the battery's turn from charging a period later: the
         # returns get what is left with the battery where it is now
