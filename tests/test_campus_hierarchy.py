@@ -25,6 +25,7 @@ from dimmer.siteconfig import JobPlacementSpec, LevelSpec, PccSpec, SiteSpec
 from gridsim.engine import run
 from gridsim.metrics import summarize
 from gridsim.scenario import load_scenario
+from tests.test_dimmer_controller import _obs as flat_obs
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 
@@ -52,33 +53,9 @@ def _campus(bess_mw: float = 2.0, pcc_mw: float = 3.0) -> SiteModel:
 
 
 def _obs(site: SiteModel, t_s: float, gpu_w: float, **kw: Any) -> Observation:
-    rack = site.rack_power_w(np.full(site.n_racks, gpu_w))
-    dom = site.domain_load_w(rack)
-    base: dict[str, Any] = {
-        "t_s": t_s,
-        "rack_power_w": rack,
-        "rack_load_w": rack,
-        "rack_age_s": np.full(site.n_racks, 1.0),
-        "rack_cap_w": np.full(site.n_racks, site.gpu.rated_w),
-        "rack_floor_w": np.zeros(site.n_racks),
-        "rack_bbu_soc_frac": np.full(site.n_racks, 0.8),
-        "rack_energized": np.ones(site.n_racks, dtype=bool),
-        "domain_power_w": dom,
-        "domain_age_s": np.full(site.n_domains, 1.0),
-        "domain_limit_w": site.domain_rating_w.copy(),
-        "domain_thermal_frac": np.zeros(site.n_domains),
-        "pcc_power_w": float(dom[0]),
-        "pcc_age_s": 1.0,
-        "pcc_limit_w": site.pcc_limit_w,
-        "ramp_limit_w_per_min": site.ramp_limit_w_per_min,
-        "grid_freq_hz": 60.0,
-        "bess_soc_frac": 0.6,
-        "bess_power_w": 0.0,
-        "bess_online": True,
-        "job_running": np.ones(site.n_jobs, dtype=bool),
-    }
-    base.update(kw)
-    return Observation(**base)
+    """The flat controller's tests' observation (every active GPU drawing `gpu_w`), on a campus with a battery."""
+    defaults: dict[str, Any] = {"grid_freq_hz": 60.0, "bess_soc_frac": 0.6, "bess_online": True}
+    return flat_obs(site, t_s, gpu_w, **(defaults | kw))
 
 
 # -- the split ---------------------------------------------------------------------------------------------------

@@ -16,14 +16,17 @@ def small_site(rows: int, racks: int, n_jobs: int, bess_mw: float) -> SiteModel:
         levels=[LevelSpec(level="row", count=rows, rating_kw=110 * racks), LevelSpec(level="rack", count=racks)],
         storage={"bess": {"power_mw": bess_mw, "energy_mwh": bess_mw}},
     )
-    n = rows * racks
-    bounds = np.linspace(0, n, n_jobs + 1).round().astype(int)
-    jobs = [
+    return build_site(spec, _jobs(rows * racks, n_jobs))
+
+
+def _jobs(n_racks: int, n_jobs: int) -> list[JobPlacementSpec]:
+    """`n_jobs` jobs over contiguous rack ranges of `n_racks` racks, priorities 0, 1, 2, 0, ..."""
+    bounds = np.linspace(0, n_racks, n_jobs + 1).round().astype(int)
+    return [
         JobPlacementSpec(name=f"j{i}", priority=i % 3, racks=(int(bounds[i]), int(bounds[i + 1])))
         for i in range(n_jobs)
         if bounds[i + 1] > bounds[i]
     ]
-    return build_site(spec, jobs)
 
 
 def small_campus(buildings: int, racks: int, n_jobs: int, bess_mw: float) -> SiteModel:
@@ -39,11 +42,4 @@ def small_campus(buildings: int, racks: int, n_jobs: int, bess_mw: float) -> Sit
         ],
         storage={"bess": {"power_mw": bess_mw, "energy_mwh": bess_mw}},
     )
-    n = buildings * 2 * racks
-    bounds = np.linspace(0, n, n_jobs + 1).round().astype(int)
-    jobs = [
-        JobPlacementSpec(name=f"j{i}", priority=i % 3, racks=(int(bounds[i]), int(bounds[i + 1])))
-        for i in range(n_jobs)
-        if bounds[i + 1] > bounds[i]
-    ]
-    return build_site(spec, jobs)
+    return build_site(spec, _jobs(buildings * 2 * racks, n_jobs))
