@@ -227,6 +227,22 @@ def test_a_building_not_heard_from_is_planned_at_its_worst_case() -> None:
     assert math.isinf(lost.budget_t_s[1])
 
 
+def test_a_building_meter_lost_leaves_the_pcc_check_and_the_budgets_finite() -> None:
+    site = _campus()
+    ctrl = _hierarchy(site, link_latency_s=0.0)
+    b1 = site.domain_index("b1")
+    for t in range(1, 30):
+        obs = _obs(site, float(t), 900.0 + 50.0 * (t % 3))
+        if t >= 12:  # b1's meter goes dark after the check has learned its fit
+            dom = obs.domain_power_w.copy()
+            dom[b1] = np.nan
+            obs = _obs(site, float(t), 900.0 + 50.0 * (t % 3), domain_power_w=dom)
+        act = ctrl.step(obs)
+        assert math.isfinite(act.bess_setpoint_w)
+        assert np.all(np.isfinite(ctrl.coordinator.pcc_check.fit()))
+        assert np.all(np.isfinite(ctrl.coordinator.alloc_w))
+
+
 def test_bad_hierarchy_parameters_name_the_key() -> None:
     site = _campus()
     with pytest.raises(InputError, match=r"params\.child_lost\[0\]\.building"):

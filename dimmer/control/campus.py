@@ -27,7 +27,7 @@ from dimmer.control.allocation import priority_groups
 from dimmer.control.building_split import BuildingPart, building_observation, building_parts, merge_actions
 from dimmer.control.coordinator import Budgets, BuildingReports, CampusCoordinator, CoordinatorSettings
 from dimmer.control.dimmer import DimmerController, DimmerParams
-from dimmer.errors import from_validation_error
+from dimmer.errors import InputError, from_validation_error
 from dimmer.observation import Actions, Observation, Reason
 from dimmer.site import SiteModel
 from dimmer.siteconfig import Strict
@@ -93,8 +93,6 @@ class CampusHierarchy:
         names = [part.name for part in self.parts]
         for i, lost in enumerate(params.child_lost):
             if lost.building not in names:
-                from dimmer.errors import InputError
-
                 raise InputError("controller", f"params.child_lost[{i}].building", f"one of {', '.join(names)}")
         job_gpus = float(np.sum(site.rack_active_gpus[site.rack_job >= 0])) or 1.0
         # floors come down no faster than the campus may: its ramp spread over every job GPU (each building has no
@@ -156,7 +154,6 @@ class CampusHierarchy:
         self.floor_w = np.full(n_b, np.nan)
         self.parent_t_s = -math.inf
         self.bess_setpoint_w = 0.0
-        self.last_cut_w = self.last_fill_w = 0.0
 
     def dimmer_parts(self) -> list[DimmerController]:
         """The flat controllers this runs (one per building; one for a site of one building)."""

@@ -189,7 +189,9 @@ class CampusCoordinator:
         # (transformers, the campus's own); while the meter is implausible the buildings' sum stands in for it.
         self.readings_at[t_s] = (pcc_power_w, pcc_ok, bess_now)
         taken = rep.t_s
-        then = self.readings_at.get(float(taken[0])) if heard.all() and np.all(taken == taken[0]) else None
+        # (only where every building's meter read: a sum with a hole in it is no estimate to learn from)
+        matched = heard.all() and np.all(taken == taken[0]) and bool(np.all(np.isfinite(rep.import_w)))
+        then = self.readings_at.get(float(taken[0])) if matched else None
         if then is not None:
             verdict = self.pcc_check.update(then[0], then[1], float(rep.import_w.sum()), then[2], 0.0, pcc_limit_w, dt)
             self.pcc_status = verdict.status
