@@ -94,6 +94,9 @@ class CampusHierarchy:
         for i, lost in enumerate(params.child_lost):
             if lost.building not in names:
                 raise InputError("controller", f"params.child_lost[{i}].building", f"one of {', '.join(names)}")
+        self.children: list[DimmerController] = []
+        if self.single is not None:
+            return  # (no coordinator, no link: step() is the flat controller's)
         job_gpus = float(np.sum(site.rack_active_gpus[site.rack_job >= 0])) or 1.0
         # floors come down no faster than the campus may: its ramp spread over every job GPU (each building has no
         # ramp of its own, so its default would release them at once)
@@ -104,7 +107,7 @@ class CampusHierarchy:
                 "floor_release_w_per_s": building.floor_release_w_per_s or (spread if math.isfinite(spread) else None),
             }
         )
-        self.children = [DimmerController(part.site, child) for part in self.parts]
+        self.children += [DimmerController(part.site, child) for part in self.parts]
         settings = CoordinatorSettings(
             period_s=params.parent_period_s,
             pcc_margin_frac=building.pcc_margin_frac,
@@ -233,7 +236,7 @@ class CampusHierarchy:
         running = self.running_rack & job_on
         stopped = self.running_rack & ~job_on
         bound = np.concatenate([c.rack_bound_w for c in self.children])
-        back = np.concatenate([c.rack_back_w for c in self.children])
+        back = np.concatenate([c.rack_back_w() for c in self.children])
         capped = act.rack_cap_w < gpu.rated_w - 1e-6
         # a capped rack would draw up to its rated power: what it would draw above its cap no reading shows
         demand = np.where(capped, self.rack_max_w, bound)

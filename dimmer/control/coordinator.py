@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from dimmer.control.filters import LowPass, SwingLevel
+from dimmer.control.campus_battery import bess_room, campus_level, soc_pull_w
+from dimmer.control.filters import LowPass
 from dimmer.control.plausibility import MISSING, OK, PccCheck
 from dimmer.control.ramp_room import RampRoom, ReturnHold
 from dimmer.site import BessRatings
@@ -115,10 +116,7 @@ class CampusCoordinator:
         self.max_w = np.asarray(building_max_w, dtype=np.float64)
         self.ramp_limit_w_per_min, self.ramp_window_s = ramp_limit_w_per_min, ramp_window_s
         self.bess, self.s = bess, s
-        n_level = max(2, round(s.bess_level_s / s.period_s))
-        n_level_max = max(n_level, math.floor(ramp_window_s / 4.0 / s.period_s))
-        self.level = SwingLevel(n_level, tol_abs=s.fill_deadband_frac * pcc_limit_w, memory=3 * n_level,
-                                max_length=n_level_max)  # fmt: skip
+        self.level = campus_level(s.period_s, s.bess_level_s, ramp_window_s, s.fill_deadband_frac * pcc_limit_w)
         self.forecast = LowPass(s.forecast_tau_s)
         self.ramp_room = RampRoom(ramp_window_s, s.period_s)
         self.return_hold = ReturnHold(s.goodput_worth_j_per_gpu_s)
@@ -140,15 +138,6 @@ class CampusCoordinator:
         """What a building may draw with no parent: its share (by its most) of the interconnect's margin."""
         out: FloatArray = pcc_limit_w * self.s.pcc_margin_frac * self.max_w / max(float(self.max_w.sum()), 1.0)
         return out
-
-    def _bess_room(self, soc: float, online: bool) -> tuple[float, float, float]:
-        b = self.bess
-        if not online or b.energy_j <= 0 or not math.isfinite(soc):
-            return 0.0, 0.0, 0.0
-        discharge = b.power_w if soc > b.soc_min_frac + 1e-3 else 0.0
-        charge = b.power_w if soc < b.soc_max_frac - 1e-3 else 0.0
-        taper = float(np.clip((soc - b.soc_min_frac) / max(self.s.bess_reserve_frac, 1e-6), 0.0, 1.0))
-        return discharge, discharge * taper, charge
 
     def step(
         self,
@@ -209,7 +198,7 @@ class CampusCoordinator:
             self.forecast.value = np.array([bus_w])
             forecast, self.target_w = bus_w, None
         grid_cap = pcc_limit_w * s.pcc_margin_frac
-        discharge, discharge_plan, charge = self._bess_room(bess_soc_frac, bess_online)
+        discharge, discharge_plan, charge = bess_room(self.bess, bess_soc_frac, bess_online, s.bess_reserve_frac)
         ramp_step = self.ramp_limit_w_per_min / 60.0 * s.ramp_margin_frac * dt
         budget = s.ramp_margin_frac * self.ramp_limit_w_per_min * self.ramp_window_s / 60.0
         self.ramp_room.push(bus_now - bess_now)
@@ -221,15 +210,10 @@ class CampusCoordinator:
         # jobs held back by their caps: a capped rack's demand is its rated power, so any is one
         slack = s.slack_frac * self.max_w
         held_back = float(np.sum(np.maximum(base + demand.sum(axis=1) - bound, 0.0))) > 1e-3 * float(self.max_w.sum())
-        b = self.bess
-        soc_pull = 0.0
-        if b.energy_j > 0 and bess_online and math.isfinite(bess_soc_frac):
-            usable = (b.soc_max_frac - b.soc_min_frac) * b.energy_j
-            soc_pull = (s.bess_soc_target_frac - bess_soc_frac) * usable / s.bess_soc_recovery_s
-            pull_max = min(b.power_w, (1.0 - s.ramp_margin_frac) * budget / s.ramp_margin_frac)
-            soc_pull = float(np.clip(soc_pull, -pull_max, pull_max))
-            if soc_pull > 0 and held_back:
-                soc_pull = 0.0  # recharge from surplus only, never with power a capped job could use
+        soc_pull = soc_pull_w(self.bess, bess_soc_frac, bess_online, s.bess_soc_target_frac, s.bess_soc_recovery_s,
+                              s.ramp_margin_frac, self.ramp_limit_w_per_min, self.ramp_window_s)  # fmt: skip
+        if soc_pull > 0 and held_back:
+            soc_pull = 0.0  # recharge from surplus only, never with power a capped job could use
         # (the room is a level for the bounds, given afresh each period: the room given last period is not counted
         # again; a building may take up to its share in a tick, and the share is what the ramp leaves now)
         bus_caps = max(bus_w, bus_now)
@@ -277,16 +261,15 @@ class CampusCoordinator:
         # returns get what is left with the battery where it is now
         return_room = grid_cap + min(bess_w, bess_now)
         alloc = base + allocate(room, base, groups, floors, demand).sum(axis=1)
+        # (the ceilings' slack included: a building's start ceiling holds its stopped jobs' caps so their return
+        # fits its ceiling, so the ceilings are the room a return has)
+        return_top = min(room, return_room - overhead_w - float(slack[heard].sum()))
         total_back = float(back.sum())
-        left = max(min(room, return_room - overhead_w - float(slack[heard].sum())) - float(alloc.sum()), 0.0)
         if total_back > 0:
-            alloc = alloc + back * min(left / total_back, 1.0)
+            alloc = alloc + back * min(max(return_top - float(alloc.sum()), 0.0) / total_back, 1.0)
         # what no building asked for is spread by what each could still draw (a peak a reading had not shown is
-        # then no cut), within the room
-        # (where a return is pending, within what its room leaves, the ceilings' slack included: a building's start
-        # ceiling holds its stopped jobs' caps so their return fits its ceiling, so the ceilings are the room it has)
-        top = room if total_back <= 0 else min(room, return_room - overhead_w - float(slack[heard].sum()))
-        spare = max(top - float(alloc.sum()), 0.0)
+        # then no cut), within the room, and where a return is pending within what its room leaves
+        spare = max((room if total_back <= 0 else return_top) - float(alloc.sum()), 0.0)
         could = np.where(heard, np.maximum(self.max_w - alloc, 0.0), 0.0)
         if spare > 0 and float(could.sum()) > 0:
             alloc = alloc + could * min(spare / float(could.sum()), 1.0)

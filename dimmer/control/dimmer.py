@@ -34,7 +34,8 @@ from pydantic import Field, ValidationError
 
 from dimmer.control import register
 from dimmer.control.allocation import grant, job_gpus_per_domain, priority_groups, shed
-from dimmer.control.filters import LowPass, SwingLevel, Window, progressive_cut_w
+from dimmer.control.campus_battery import bess_room, campus_level, soc_pull_w
+from dimmer.control.filters import LowPass, Window, progressive_cut_w
 from dimmer.control.peak_readings import PeakReadings
 from dimmer.control.plausibility import PHRASES, PccCheck
 from dimmer.control.rack_storage import BbuPolicy
@@ -161,15 +162,8 @@ class DimmerController:
         self.n_recent = max(1, n_env // 2)
         self.rise_unseen_recent_frac = np.maximum(1.0 - np.arange(n_env) / self.n_recent, 0.0)
         self.forecast = LowPass(params.forecast_tau_s)
-        n_level = max(2, round(params.bess_level_s / params.period_s))
-        # the swing's span is remembered for a few windows: long enough to bridge a window that misses a peak
-        # ... or the least whole number of the readings' own period above it (a mean over part of a period swings with
-        # it), for a period of up to a quarter of the utility's ramp window: four or more of them in one window
-        # average out in what the utility measures, so they are the swing; a slower one is a level the battery shapes
-        # (trace-hall's 36 s evaluation dips, averaged as a swing, cost 0.9 points more energy in floors)
-        n_level_max = max(n_level, math.floor(site.ramp_window_s / 4.0 / params.period_s))
-        self.bus_level = SwingLevel(
-            n_level, tol_abs=params.fill_deadband_frac * site.pcc_limit_w, memory=3 * n_level, max_length=n_level_max
+        self.bus_level = campus_level(
+            params.period_s, params.bess_level_s, site.ramp_window_s, params.fill_deadband_frac * site.pcc_limit_w
         )
         self.bbus = BbuPolicy(site, params.bbu_cycle_budget_per_day, params.bbu_reserve_s,
                               params.bbu_recharge_full_tau_s)  # fmt: skip
@@ -197,7 +191,8 @@ class DimmerController:
         self.bound_w = self.prior_w = math.nan  # (see step: what a parent is told)
         self.return_w = self.return_gpus = 0.0
         self.all_measured = False
-        self.rack_bound_w = self.rack_back_w = np.zeros(site.n_racks)
+        self.rack_bound_w = np.zeros(site.n_racks)
+        self.rack_down = np.zeros(site.n_racks, dtype=bool)
         self.ramp_room = RampRoom(site.ramp_window_s, params.period_s)  # the import's history, as the rule reads it
         self.return_hold = ReturnHold(params.goodput_worth_j_per_gpu_s)
         self.t_last_s: float | None = None
@@ -222,17 +217,17 @@ class DimmerController:
 
     # -- helpers ---------------------------------------------------------------------------------------------------
 
-    def _bess_room(self, obs: Observation) -> tuple[float, float, float]:
-        """(discharge W the battery can give, the share of it to plan on, charge W it can take)."""
-        b = self.site.bess
-        if not obs.bess_online or b.energy_j <= 0 or not math.isfinite(obs.bess_soc_frac):
-            return 0.0, 0.0, 0.0
-        soc = obs.bess_soc_frac
-        discharge = b.power_w if soc > b.soc_min_frac + 1e-3 else 0.0
-        charge = b.power_w if soc < b.soc_max_frac - 1e-3 else 0.0
-        band = max(self.p.bess_reserve_frac, 1e-6)
-        taper = float(np.clip((soc - b.soc_min_frac) / band, 0.0, 1.0))
-        return discharge, discharge * taper, charge
+    def rack_back_w(self) -> FloatArray:
+        """Each rack's bound as at the last step, with its stopped job back where it last ran, at most at its rated
+        power, or at that where it has not run since this controller started: a stopped job's caps are held for its
+        return, and a parent planning on them would hold them there. Worked out only when a parent asks."""
+        back = np.where(
+            np.isfinite(self.ran_at_w),
+            np.fmin(self.rack_max_w, self.ran_at_w * (1.0 + self.p.hidden_peak_frac)),
+            self.rack_max_w,
+        )
+        out: FloatArray = np.where(self.rack_down, np.fmax(back, self.rack_bound_w), self.rack_bound_w)
+        return out
 
     def _bess_lean_w(self, obs: Observation, plan_w: float) -> float:
         """What the battery could give for `bess_lean_horizon_s` from its charge above its floor (W; at most plan_w)."""
@@ -546,7 +541,8 @@ class DimmerController:
         cut_bound_w = campus_bound_w + returning_w
 
         # 1. grid shaping ---------------------------------------------------------------------------------------
-        discharge_w, discharge_plan_w, charge_w = self._bess_room(obs)
+        discharge_w, discharge_plan_w, charge_w = bess_room(site.bess, obs.bess_soc_frac, obs.bess_online,
+                                                            p.bess_reserve_frac)  # fmt: skip
         bus_w = float(domain_w[0]) + bess_now_w
         ramp_step = site.ramp_limit_w_per_min / 60.0 * p.ramp_margin_frac * dt
         # the limit as it will be when these actions act: a curtailment ramping the limit down is planned against
@@ -580,19 +576,10 @@ class DimmerController:
             forecast = bus_w
             self.grid_target_w = None
         b = site.bess
-        soc_pull = 0.0
-        # (an offline battery takes nothing: a pull toward its SoC target would be a fall for the floors to fill)
-        if b.energy_j > 0 and obs.bess_online and math.isfinite(obs.bess_soc_frac):
-            usable = (b.soc_max_frac - b.soc_min_frac) * b.energy_j
-            soc_pull = (p.bess_soc_target_frac - obs.bess_soc_frac) * usable / p.bess_soc_recovery_s
-            # (no larger than the share of a window's ramp the margin keeps for the unplanned: a battery reverts to
-            # 0 W when its controller goes silent, and a recovery charge is then a step the grid sees)
-            pull_max_w = min(
-                b.power_w, (1.0 - p.ramp_margin_frac) * site.ramp_limit_w_per_min * site.ramp_window_s / 60
-            )
-            soc_pull = float(np.clip(soc_pull, -pull_max_w, pull_max_w))
-            if soc_pull > 0 and self._caps_bind(gpu_peak_env):
-                soc_pull = 0.0  # recharge from surplus only, never with power a capped job could use
+        soc_pull = soc_pull_w(b, obs.bess_soc_frac, obs.bess_online, p.bess_soc_target_frac, p.bess_soc_recovery_s,
+                              p.ramp_margin_frac, site.ramp_limit_w_per_min, site.ramp_window_s)  # fmt: skip
+        if soc_pull > 0 and self._caps_bind(gpu_peak_env):
+            soc_pull = 0.0  # recharge from surplus only, never with power a capped job could use
         battery_back = obs.bess_online and not self.bess_was_online and site.bess.energy_j > 0
         self.bess_was_online = obs.bess_online
         if (pcc_ok and self.was_blind) or battery_back:
@@ -620,18 +607,10 @@ class DimmerController:
             room_lo_w = max(room_lo_w, obs.import_floor_w)  # the parent's floor: its ramp rule, met here
         # what this site tells a parent of itself (a building to its campus coordinator): the most its racks may draw
         # at the caps in force (in all, and each rack), the prior's share of it (peaks no reading measured), whether
-        # every running rack's peak is measured, what its stopped jobs would add back on how many GPUs, and each
-        # rack as it would be with its stopped job back
+        # every running rack's peak is measured, what its stopped jobs would add back on how many GPUs, and which
+        # racks' jobs are stopped (rack_back_w: each rack with its stopped job back)
         self.bound_w, self.prior_w, self.return_w, self.return_gpus = cut_bound_w, unmeasured_w, return_w, return_gpus
-        # (a stopped job back where it last ran, at most at its racks' rated power, or at that where it has not run
-        # since this controller started: a stopped job's caps are held for its return, and a parent planning on
-        # them would hold them there)
-        back_rack = np.where(
-            np.isfinite(self.ran_at_w), np.fmin(self.rack_max_w, self.ran_at_w * (1.0 + p.hidden_peak_frac)),
-            self.rack_max_w,
-        )  # fmt: skip
-        self.rack_bound_w = bound_rack
-        self.rack_back_w = np.where(down, np.fmax(back_rack, bound_rack), bound_rack)
+        self.rack_bound_w, self.rack_down = bound_rack, down
         self.all_measured = bool(np.all(peak_seen[running_racks]))
         prev = bus_w if self.grid_target_w is None else self.grid_target_w
         target = forecast + soc_pull
