@@ -23,9 +23,15 @@ import numpy as np
 from pydantic import Field, ValidationError, model_validator
 
 from dimmer.control import register
-from dimmer.control.allocation import priority_groups
+from dimmer.control.building_report import ReportShape, building_reports
 from dimmer.control.building_split import BuildingPart, building_observation, building_parts, merge_actions
-from dimmer.control.coordinator import Budgets, BuildingReports, CampusCoordinator, CoordinatorSettings
+from dimmer.control.coordinator import (
+    Budgets,
+    BuildingReports,
+    CampusCoordinator,
+    CoordinatorSettings,
+    lapsed_ceiling_w,
+)
 from dimmer.control.dimmer import DimmerController, DimmerParams
 from dimmer.errors import InputError, from_validation_error
 from dimmer.observation import Actions, Observation, Reason
@@ -97,53 +103,16 @@ class CampusHierarchy:
         self.children: list[DimmerController] = []
         if self.single is not None:
             return  # (no coordinator, no link: step() is the flat controller's)
-        job_gpus = float(np.sum(site.rack_active_gpus[site.rack_job >= 0])) or 1.0
-        # floors come down no faster than the campus may: its ramp spread over every job GPU (each building has no
-        # ramp of its own, so its default would release them at once)
-        spread = site.ramp_limit_w_per_min / 60.0 * building.ramp_margin_frac * site.rectifier_eff / job_gpus
-        child = building.model_copy(
-            update={
-                "pcc_margin_frac": 1.0,  # the campus keeps the margin; the slack in each budget is the building's
-                "floor_release_w_per_s": building.floor_release_w_per_s or (spread if math.isfinite(spread) else None),
-            }
-        )
+        child = building_params(site, building)
         self.children += [DimmerController(part.site, child) for part in self.parts]
-        settings = CoordinatorSettings(
-            period_s=params.parent_period_s,
-            pcc_margin_frac=building.pcc_margin_frac,
-            ramp_margin_frac=building.ramp_margin_frac,
-            forecast_tau_s=building.forecast_tau_s,
-            bess_level_s=building.bess_level_s,
-            bess_soc_target_frac=building.bess_soc_target_frac,
-            bess_soc_recovery_s=building.bess_soc_recovery_s,
-            bess_reserve_frac=building.bess_reserve_frac,
-            fill_deadband_frac=building.fill_deadband_frac,
-            goodput_worth_j_per_gpu_s=building.goodput_worth_j_per_gpu_s,
-            stale_s=building.stale_s,
-            lease_s=params.lease_s,
-            pcc_check_frac=building.pcc_check_frac,
-            pcc_learn_tau_s=building.pcc_learn_tau_s,
-            pcc_stuck_s=building.pcc_stuck_s,
-            behind_meter_generation_w=building.behind_meter_generation_w,
-            slack_frac=params.budget_slack_frac,
-        )
-        max_w = np.array([part.max_w for part in self.parts])
-        self.coordinator = CampusCoordinator(
-            max_w, site.pcc_limit_w, site.ramp_limit_w_per_min, site.ramp_window_s, site.bess, settings
-        )
-        # racks -> their building and their job's priority group, for the reports' sums
-        self.rack_building = np.zeros(site.n_racks, dtype=np.int64)
+        self.coordinator = make_coordinator(site, self.parts, params, building)
+        self.fall_w_per_s = self.coordinator.safe_fall_w_per_s()
+        # racks -> their building, for the reports' sums
+        rack_building = np.zeros(site.n_racks, dtype=np.int64)
         for i, part in enumerate(self.parts):
-            self.rack_building[part.racks] = i
-        groups = priority_groups(site.job_priority)
-        self.n_groups = max(len(groups), 1)
-        job_group = np.zeros(max(site.n_jobs, 1), dtype=np.int64)
-        for g, jobs in enumerate(groups):
-            job_group[jobs] = g
-        self.rack_group = job_group[np.where(site.rack_job >= 0, site.rack_job, 0)]
-        self.running_rack = (site.rack_job >= 0) & ~site.rack_is_spare
-        self.rack_max_w = site.rack_max_w()
-        self.rack_min_w = site.rack_power_w(np.full(site.n_racks, site.gpu.min_cap_w))
+            rack_building[part.racks] = i
+        self.shape = ReportShape.of(site, rack_building, [part.domain for part in self.parts])
+        self.n_groups = self.shape.n_groups
         self.up_link = _Link(deque())  # reports, building -> coordinator
         self.down_link = _Link(deque())  # budgets, coordinator -> buildings
         nan, zero, groups0 = np.full(n_b, np.nan), np.zeros(n_b), np.zeros((n_b, self.n_groups))
@@ -157,6 +126,7 @@ class CampusHierarchy:
         self.floor_w = np.full(n_b, np.nan)
         self.parent_t_s = -math.inf
         self.bess_setpoint_w = 0.0
+        self.bess_revert_t_s = -math.inf  # when the battery reverts to idle if no setpoint comes
 
     def dimmer_parts(self) -> list[DimmerController]:
         """The flat controllers this runs (one per building; one for a site of one building)."""
@@ -203,14 +173,16 @@ class CampusHierarchy:
                 obs.bess_online, self.reports,
             )  # fmt: skip
             self.bess_setpoint_w = budgets.bess_setpoint_w
+            self.bess_revert_t_s = t + budgets.bess_hold_s
             self.down_link.send(t + p.link_latency_s, (self._child_up(t), budgets))
             self._explain(budgets, reasons)
-        elif not parent_up:
-            self.bess_setpoint_w = 0.0  # a battery whose controller is silent reverts to idle
+        elif not parent_up and t >= self.bess_revert_t_s:
+            self.bess_setpoint_w = 0.0  # a battery whose controller is silent reverts to idle, on its timeout
         self._take_budgets(t)
         leased = (t - self.budget_t_s) <= p.lease_s
         safe = self.coordinator.safe_ceiling_w(obs.pcc_limit_w)
-        ceiling = np.where(leased, self.ceiling_w, np.fmin(safe, np.nan_to_num(self.ceiling_w, nan=np.inf)))
+        lapsed = lapsed_ceiling_w(self.ceiling_w, safe, t - self.budget_t_s - p.lease_s, self.fall_w_per_s)
+        ceiling = np.where(leased, self.ceiling_w, lapsed)
         ceiling = np.where(np.isfinite(ceiling), ceiling, safe)
         floor = np.where(leased, self.floor_w, np.nan)
         if not leased.all():
@@ -221,53 +193,9 @@ class CampusHierarchy:
             sub = building_observation(part, obs, float(ceiling[i]), float(floor[i]))
             actions.append(ctrl.step(sub))
         merged = merge_actions(self.site, self.parts, actions, self.bess_setpoint_w, reasons)
-        self.up_link.send(t + p.link_latency_s, (self._child_up(t), self._report(obs, merged)))
+        report = building_reports(self.shape, self.children, obs, merged)
+        self.up_link.send(t + p.link_latency_s, (self._child_up(t), report))
         return merged
-
-    def _report(self, obs: Observation, act: Actions) -> BuildingReports:
-        """What every building tells its parent this period (each from its own racks: sums per building)."""
-        site, gpu = self.site, self.site.gpu
-        n_b, n_g = len(self.parts), self.n_groups
-        job_on = (
-            obs.job_running[np.where(site.rack_job >= 0, site.rack_job, 0)]
-            if site.n_jobs
-            else np.zeros(site.n_racks, dtype=bool)
-        )
-        running = self.running_rack & job_on
-        stopped = self.running_rack & ~job_on
-        bound = np.concatenate([c.rack_bound_w for c in self.children])
-        back = np.concatenate([c.rack_back_w() for c in self.children])
-        capped = act.rack_cap_w < gpu.rated_w - 1e-6
-        # a capped rack would draw up to its rated power: what it would draw above its cap no reading shows
-        demand = np.where(capped, self.rack_max_w, bound)
-        floor = np.minimum(self.rack_min_w, bound)
-        returns = np.maximum(back - bound, 0.0)
-        key = self.rack_building * n_g + self.rack_group
-        size = n_b * n_g
-        # (the building's overhead and its BBUs' recharge: its bound less its racks')
-        extra = np.array([c.bound_w - float(c.rack_bound_w.sum()) for c in self.children])
-        draw = site.gpu_draw_for_rack_w(np.where(np.isfinite(obs.rack_load_w), obs.rack_load_w, 0.0))
-        per_gpu = site.rack_active_gpus / site.rectifier_eff
-        # (floors lift a running, uncapped job's racks, and any stopped job's: a crashed job's idle GPUs)
-        fillable = self.running_rack & ~(running & capped)
-        fill = np.where(fillable, per_gpu * np.maximum(act.rack_cap_w - draw, 0.0), 0.0)
-        dom = np.array([part.domain for part in self.parts])
-        meter_ok = obs.domain_age_s[dom] <= self.children[0].p.stale_s
-        return BuildingReports(
-            t_s=np.full(n_b, obs.t_s),
-            import_w=np.where(meter_ok, obs.domain_power_w[dom], np.nan),
-            bound_w=np.array([c.bound_w for c in self.children]),
-            prior_w=np.array([c.prior_w for c in self.children]),
-            measured=np.array([c.all_measured for c in self.children]),
-            return_w=np.array([c.return_w for c in self.children]),
-            return_gpus=np.array([c.return_gpus for c in self.children]),
-            base_w=np.bincount(self.rack_building, np.where(running, 0.0, bound), minlength=n_b) + extra,
-            group_w=np.bincount(key, np.where(running, bound, 0.0), minlength=size).reshape(n_b, n_g).astype(float),
-            floor_w=np.bincount(key, np.where(running, floor, 0.0), minlength=size).reshape(n_b, n_g).astype(float),
-            demand_w=np.bincount(key, np.where(running, demand, 0.0), minlength=size).reshape(n_b, n_g).astype(float),
-            back_w=np.bincount(self.rack_building, np.where(stopped, returns, 0.0), minlength=n_b).astype(float),
-            fill_w=np.bincount(self.rack_building, fill, minlength=n_b).astype(float),
-        )
 
     def _explain(self, b: Budgets, reasons: list[Reason]) -> None:
         c = self.coordinator
@@ -278,14 +206,58 @@ class CampusHierarchy:
             reasons.append(Reason("trough", what, value_w=c.last_fill_w))
 
 
-@register("dimmer-campus")
-def _make_campus(site: SiteModel, params: Mapping[str, Any]) -> CampusHierarchy:
+def building_params(site: SiteModel, building: DimmerParams) -> DimmerParams:
+    """A building controller's parameters under a coordinator: the campus keeps the interconnect's margin (the slack
+    in each budget is the building's), and floors come down no faster than the campus may, its ramp spread over
+    every job GPU (a building has no ramp of its own, so its default would release them at once)."""
+    job_gpus = float(np.sum(site.rack_active_gpus[site.rack_job >= 0])) or 1.0
+    spread = site.ramp_limit_w_per_min / 60.0 * building.ramp_margin_frac * site.rectifier_eff / job_gpus
+    release = building.floor_release_w_per_s or (spread if math.isfinite(spread) else None)
+    return building.model_copy(update={"pcc_margin_frac": 1.0, "floor_release_w_per_s": release})
+
+
+def make_coordinator(
+    site: SiteModel, parts: list[BuildingPart], params: CampusParams, building: DimmerParams
+) -> CampusCoordinator:
+    """The campus coordinator over `parts`, with the campus-wide settings of the building parameters."""
+    settings = CoordinatorSettings(
+        period_s=params.parent_period_s,
+        pcc_margin_frac=building.pcc_margin_frac,
+        ramp_margin_frac=building.ramp_margin_frac,
+        forecast_tau_s=building.forecast_tau_s,
+        bess_level_s=building.bess_level_s,
+        bess_soc_target_frac=building.bess_soc_target_frac,
+        bess_soc_recovery_s=building.bess_soc_recovery_s,
+        bess_reserve_frac=building.bess_reserve_frac,
+        fill_deadband_frac=building.fill_deadband_frac,
+        goodput_worth_j_per_gpu_s=building.goodput_worth_j_per_gpu_s,
+        stale_s=building.stale_s,
+        lease_s=params.lease_s,
+        pcc_check_frac=building.pcc_check_frac,
+        pcc_learn_tau_s=building.pcc_learn_tau_s,
+        pcc_stuck_s=building.pcc_stuck_s,
+        behind_meter_generation_w=building.behind_meter_generation_w,
+        slack_frac=params.budget_slack_frac,
+    )
+    max_w = np.array([part.max_w for part in parts])
+    ramp = site.ramp_limit_w_per_min
+    return CampusCoordinator(max_w, site.pcc_limit_w, ramp, site.ramp_window_s, site.bess, settings)
+
+
+def campus_params(params: Mapping[str, Any], source: str = "controller") -> tuple[CampusParams, DimmerParams]:
+    """`dimmer-campus`'s params validated: its own, and the building controllers' (InputError naming the key)."""
     try:
         p = CampusParams.model_validate(dict(params))
     except ValidationError as exc:
-        raise from_validation_error("controller", exc, ("params",)) from None
+        raise from_validation_error(source, exc, ("params",)) from None
     try:
         building = DimmerParams.model_validate(p.building)
     except ValidationError as exc:
-        raise from_validation_error("controller", exc, ("params", "building")) from None
+        raise from_validation_error(source, exc, ("params", "building")) from None
+    return p, building
+
+
+@register("dimmer-campus")
+def _make_campus(site: SiteModel, params: Mapping[str, Any]) -> CampusHierarchy:
+    p, building = campus_params(params)
     return CampusHierarchy(site, p, building)

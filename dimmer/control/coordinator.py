@@ -55,6 +55,9 @@ class Budgets:
     ceiling_w: FloatArray  # the most each building's bound may reach
     floor_w: FloatArray  # the least import asked of it (NaN: none)
     bess_setpoint_w: float
+    # how long the battery holds this setpoint if no other comes: until every building, its budget lapsed, has come
+    # down to its safe budget (the budgets counted on the battery: reverting sooner takes the import over the limit)
+    bess_hold_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,10 @@ class CampusCoordinator:
         """What a building may draw with no parent: its share (by its most) of the interconnect's margin."""
         out: FloatArray = pcc_limit_w * self.s.pcc_margin_frac * self.max_w / max(float(self.max_w.sum()), 1.0)
         return out
+
+    def safe_fall_w_per_s(self) -> FloatArray:
+        """How fast a building without a parent comes down to its safe budget: its share of the ramp rule."""
+        return lapse_fall_w_per_s(self.max_w, self.ramp_limit_w_per_min, self.s.ramp_margin_frac)
 
     def step(
         self,
@@ -274,6 +281,12 @@ class CampusCoordinator:
         if spare > 0 and float(could.sum()) > 0:
             alloc = alloc + could * min(spare / float(could.sum()), 1.0)
         self.alloc_w = np.where(heard, alloc, self.alloc_w)
+        # the slack comes out of the interconnect's room, never on top of it: at the limit, a building's bound may
+        # not rise past its share (on top, two 8-rack buildings' slack took the import 2 kW over the limit)
+        free_w = max(limit_room - overhead_w - float(alloc.sum()) + max(cover_w - next_bess, 0.0), 0.0)
+        slack_w = float(slack[heard].sum())
+        if slack_w > free_w:
+            slack = slack * (free_w / slack_w)
         ceiling = np.where(heard, alloc + slack, safe)
         over_w = max(bound_total - overhead_w - room, 0.0)
         fill_w = max(lo - (max(bus_w, bus_now) - bess_w), 0.0)
@@ -287,4 +300,28 @@ class CampusCoordinator:
         self.last_cut_w, self.last_fill_w = over_w, fill_w
         self.sent_w = np.where(heard, ceiling, self.sent_w)
         self.sent_t_s = np.where(heard, t_s, self.sent_t_s)
-        return Budgets(t_s, ceiling, floor, bess_w)
+        fall = (ceiling - safe) / self.safe_fall_w_per_s()
+        hold_s = s.lease_s + float(np.max(np.maximum(fall, 0.0), initial=0.0)) + 2.0 * s.period_s
+        return Budgets(t_s, ceiling, floor, bess_w, hold_s if math.isfinite(hold_s) else s.lease_s)
+
+
+def lapse_fall_w_per_s(max_w: FloatArray, ramp_limit_w_per_min: float, ramp_margin_frac: float) -> FloatArray:
+    """Each building's share (by its most) of the campus's ramp rule, W/s: how fast one whose budget's lease has
+    lapsed comes down to its safe budget (every building falling together stays within the rule)."""
+    share = max_w / max(float(np.sum(max_w)), 1.0)
+    out: FloatArray = share * ramp_limit_w_per_min / 60.0 * ramp_margin_frac
+    return out
+
+
+def lapsed_ceiling_w(
+    last_w: FloatArray, safe_w: FloatArray, lapsed_s: FloatArray, fall_w_per_s: FloatArray
+) -> FloatArray:
+    """The ceiling of a building `lapsed_s` past its budget's lease: from its last budget (NaN: none) down to the safe
+    one at `fall_w_per_s`, never above the last; at once with no ramp rule (an infinite rate), or no last budget.
+    (At once, two buildings falling to their safe budgets together broke a 1 MW/min rule for 3 s.)"""
+    last = np.nan_to_num(last_w, nan=np.inf)
+    with np.errstate(invalid="ignore"):
+        paced = last - fall_w_per_s * np.maximum(lapsed_s, 0.0)
+    paced = np.where(np.isfinite(paced), paced, safe_w)
+    out: FloatArray = np.minimum(np.maximum(paced, safe_w), last)
+    return out
