@@ -240,6 +240,14 @@ class StatusLine:
 
     @staticmethod
     def text(res: Any) -> str:
+        if hasattr(res, "budgets"):  # the hierarchy's coordinator (sim_hierarchy.py)
+            obs, b = res.obs, res.budgets
+            soc = obs.bess_soc_frac
+            return (
+                f"t {obs.t_s:7.0f} s | grid {obs.pcc_power_w / 1e6:6.2f} MW / limit {obs.pcc_limit_w / 1e6:5.1f} MW | "
+                f"budgets {float(b.ceiling_w.sum()) / 1e6:6.2f} MW over {b.ceiling_w.size} buildings | "
+                f"SoC {soc * 100:4.1f} % | coordinator cycle {res.cycle_s * 1e3:5.1f} ms"
+            )
         obs, act = res.obs, res.actions
         cap = act.rack_cap_w
         soc = obs.bess_soc_frac
@@ -386,8 +394,10 @@ async def run_sim(
     The plant says on its stdout when its run has ended (before it spends seconds writing its outputs): the daemon
     stops then, cleanly, instead of reading frozen registers until it takes every device for stale."""
     from dimmer.control import controller_names
+    from dimmer.control.building_split import building_parts
     from dimmer.daemon.config import validate_config
     from dimmer.daemon.loop import Daemon
+    from dimmer.sim_hierarchy import HierarchyRun
     from gridsim.scenario import load_scenario
 
     log = logging.getLogger("dimmer.sim")
@@ -407,13 +417,17 @@ async def run_sim(
         for stale in SIM_FILES:  # a new run starts fresh (above)
             (out / stale).unlink(missing_ok=True)
     proc, device_map = await start_plant_server(scenario_path, overrides, speed=speed, out_dir=out, seed=seed)
-    daemon: Daemon | None = None
+    daemon: Daemon | HierarchyRun | None = None
     plant: asyncio.Task[tuple[str, float | None]] | None = None
     end = STOPPED
     try:
         raw = sim_config(loaded.scenario, device_map, controller, out, speed)
-        cfg = validate_config(raw, f"{scenario_path} (served)", out)
-        daemon = Daemon(cfg, dry_run=dry_run, speed=speed, metrics_address=metrics_address, on_cycle=status)
+        if controller == "dimmer-campus" and len(building_parts(loaded.site())) > 1:
+            # the hierarchy as the product runs it: a daemon per building, the coordinator here (sim_hierarchy.py)
+            daemon = HierarchyRun(raw, f"{scenario_path} (served)", out, speed, dry_run, on_cycle=status)
+        else:
+            cfg = validate_config(raw, f"{scenario_path} (served)", out)
+            daemon = Daemon(cfg, dry_run=dry_run, speed=speed, metrics_address=metrics_address, on_cycle=status)
         if install_signals:
             daemon.install_signal_handlers()
         run = asyncio.create_task(daemon.run())
@@ -443,25 +457,30 @@ async def run_sim(
             status.end()
     summary_path = out / "summary.json"
     summary: dict[str, Any] = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    stats = {"end": end, **_daemon_stats(daemon), "daemon_speed_x": speed, "plant_exit_status": proc.returncode}
+    with writing(out / "daemon.json"):
+        (out / "daemon.json").write_text(json.dumps(stats, indent=2) + "\n")
+    return {**summary, **stats, "out_dir": str(out)}
+
+
+def _daemon_stats(daemon: Any) -> dict[str, Any]:
+    """daemon.json's figures of the daemon (or of the hierarchy's coordinator and buildings: sim_hierarchy.py)."""
+    if hasattr(daemon, "stats"):
+        out: dict[str, Any] = daemon.stats()
+        return out
     cyc = sorted(daemon.cycle_s.values().tolist())
     last = daemon.last
-    stats = {
-        "end": end,
+    return {
         "daemon_cycles": daemon.n_cycles,
         "daemon_overruns": daemon.n_overruns,
         "daemon_cycle_ms_p50": round(cyc[len(cyc) // 2] * 1e3, 2) if cyc else None,
         "daemon_cycle_ms_p99": round(cyc[min(len(cyc) - 1, int(0.99 * len(cyc)))] * 1e3, 2) if cyc else None,
         "daemon_cycle_ms_max": round(cyc[-1] * 1e3, 2) if cyc else None,
         "daemon_writes": daemon.n_writes,
-        "daemon_speed_x": speed,
         # how the last cycle found the devices: at a normal end, as fresh as during the run
         "last_cycle_mode": last.mode.value if last is not None else None,
         "stale_at_end": [h.name for h in daemon.handles if h.stuck],
-        "plant_exit_status": proc.returncode,
     }
-    with writing(out / "daemon.json"):
-        (out / "daemon.json").write_text(json.dumps(stats, indent=2) + "\n")
-    return {**summary, **stats, "out_dir": str(out)}
 
 
 def _cmd_run_sim(args: argparse.Namespace) -> int:

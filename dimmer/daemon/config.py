@@ -24,6 +24,7 @@ not run (a test, a review), and the example's /var/log/dimmer exists only where 
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from dimmer.control.building_split import BuildingPart, building_parts
 from dimmer.daemon.registers import RACK_MAX
 from dimmer.errors import InputError, from_validation_error
 from dimmer.outpath import check_out_file
@@ -40,7 +42,7 @@ from dimmer.site import SiteModel, build_site
 from dimmer.siteconfig import JobPlacementSpec, Name, SiteSpec, Strict
 from dimmer.tomlfile import read_toml as read_toml_file
 
-DeviceKind = Literal["meter", "battery", "site", "racks"]
+DeviceKind = Literal["meter", "battery", "site", "racks", "building"]
 
 # The register profile each kind speaks (docs/registers.md): SunSpec for meters and batteries, the project's own
 # maps for rack cap devices (a power shelf controller, a BMC gateway or `dimmer agent`) and the site aggregator.
@@ -49,6 +51,7 @@ PROFILES: dict[str, tuple[str, ...]] = {
     "battery": ("sunspec",),
     "racks": ("dimmer-rack-v1",),
     "site": ("dimmer-site-v1",),
+    "building": ("dimmer-building-v1",),
 }
 
 
@@ -66,6 +69,7 @@ class DeviceSpec(Strict):
     domain: str = "campus"  # meter: the domain it meters ("campus" is the interconnect, the PCC)
     first_rack: int | None = Field(default=None, ge=0)  # racks: the first rack (tree order) this device serves
     n_racks: int | None = Field(default=None, ge=1, le=RACK_MAX)  # dimmer-rack-v1 serves up to 64 racks a device
+    building: str | None = None  # building: the building (a domain of the site) whose daemon this is
     read_only: bool = False  # never written, whatever the controller decides
     timeout_s: float = Field(default=0.5, gt=0, le=30)  # per request
     retries: int = Field(default=2, ge=0, le=10)  # per request, by the bus, before the read counts as failed
@@ -80,6 +84,8 @@ class DeviceSpec(Strict):
             raise ValueError("a racks device needs first_rack and n_racks")
         if self.kind != "racks" and (self.first_rack is not None or self.n_racks is not None):
             raise ValueError("first_rack and n_racks belong to racks devices only")
+        if (self.kind == "building") != (self.building is not None):
+            raise ValueError("a building device names its building, and only a building device does")
         return self
 
     @property
@@ -156,6 +162,25 @@ class DaemonSpec(Strict):
         return v
 
 
+class BuildingSpec(Strict):
+    """This daemon controls one building of the site, under a campus coordinator (docs/daemon.md, "The
+    hierarchy"): its devices are the building's, its interconnect is the budget its parent writes."""
+
+    name: str  # the building: a domain of [site] at the building level
+    serve: str = "127.0.0.1:5030"  # host:port where it serves dimmer-building-v1 to its parent
+    unit: int = Field(default=1, ge=1, le=247)
+    allow: list[str] = []  # networks besides loopback its parent may connect from (CIDR)
+    # the share of the interconnect limit in force it holds once a budget's lease lapses; default its share of the
+    # campus's most, within the campus's margin (what the coordinator's safe budget is)
+    safe_share: float | None = Field(default=None, gt=0, le=1)
+
+    @field_validator("serve")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        parse_address(v)
+        return v
+
+
 class DaemonConfig(Strict):
     site: SiteSpec
     jobs: list[JobPlacementSpec] = []
@@ -164,6 +189,7 @@ class DaemonConfig(Strict):
     controller: ControllerConfig = ControllerConfig()
     safety: SafetySpec = SafetySpec()
     daemon: DaemonSpec = DaemonSpec()
+    building: BuildingSpec | None = None
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -185,6 +211,15 @@ class LoadedConfig:
     device_names: tuple[str, ...]
     limit_w: np.ndarray  # (n_domains,) operating limit of every domain: min(rating, [[limits]])
     controller_params: Mapping[str, Any]
+    campus_site: SiteModel  # the whole site ([site]); `site` is its building's for a building daemon
+    part: BuildingPart | None = None  # a building daemon's building
+
+    @property
+    def role(self) -> str:
+        """ "building" (one building under a coordinator), "coordinator" (over building daemons) or "flat"."""
+        if self.part is not None:
+            return "building"
+        return "coordinator" if any(d.kind == "building" for d in self.config.devices) else "flat"
 
     @property
     def safe_cap_w(self) -> float:
@@ -221,13 +256,38 @@ def validate_config(raw: Mapping[str, Any], source: str, base_dir: Path) -> Load
         cfg = DaemonConfig.model_validate(dict(raw))
     except ValidationError as exc:
         raise from_validation_error(source, exc) from None
-    site = build_site(cfg.site, cfg.jobs, source=source)
-    names = _check_devices(cfg, site, source)
+    campus = build_site(cfg.site, cfg.jobs, source=source)
+    part = _building_part(cfg, campus, source)
+    site = part.site if part is not None else campus
+    names = _check_devices(cfg, site, source, part)
     limit_w = _check_limits(cfg, site, source)
     _check_safety(cfg, site, source)
-    params = controller_params(cfg)
-    _check_controller(cfg, site, params, source)
-    return LoadedConfig(cfg, source, base_dir, site, names, limit_w, params)
+    params = controller_params(cfg, campus, part)
+    _check_controller(cfg, site, params, source, part)
+    return LoadedConfig(cfg, source, base_dir, site, names, limit_w, params, campus, part)
+
+
+def _building_part(cfg: DaemonConfig, campus: SiteModel, source: str) -> BuildingPart | None:
+    """A building daemon's building (InputError for a name that is no building of the site, an allow entry that is
+    no network)."""
+    spec = cfg.building
+    if spec is None:
+        return None
+    from dimmer.daemon.agent_server import AllowList
+
+    for i, entry in enumerate(spec.allow):
+        try:
+            AllowList.parse([entry])
+        except ValueError:
+            raise InputError(source, f"building.allow[{i}]", f"a network, e.g. 10.20.0.0/24 (got {entry!r})") from None
+    parts = [p for p in building_parts(campus) if p.name != "campus"]
+    for part in parts:
+        if part.name == spec.name:
+            return part
+    have = ", ".join(p.name for p in parts[:8]) + (", ..." if len(parts) > 8 else "")
+    raise InputError(
+        source, "building.name", f"a building of the site ({have})" if parts else "a building: the site has none"
+    )
 
 
 def check_files(loaded: LoadedConfig) -> None:
@@ -238,28 +298,50 @@ def check_files(loaded: LoadedConfig) -> None:
             check_out_file(path, loaded.source, key)
 
 
-def controller_params(cfg: DaemonConfig) -> dict[str, Any]:
-    """The controller's params, with the daemon's period and (for dimmer) the [safety] staleness and safe cap."""
+def controller_params(
+    cfg: DaemonConfig, campus: SiteModel | None = None, part: BuildingPart | None = None
+) -> dict[str, Any]:
+    """The controller's params, with the daemon's period and (for dimmer) the [safety] staleness and safe cap; a
+    building daemon's, with what a building under a coordinator plans on (campus.building_params)."""
     params = dict(cfg.controller.params)
     if cfg.controller.name == "dimmer":
         params.setdefault("period_s", cfg.daemon.period_s)
         params.setdefault("stale_s", cfg.safety.stale_s)
         params.setdefault("safe_cap_frac", cfg.safety.safe_cap_frac)
+        if part is not None and campus is not None:
+            from dimmer.control.campus import building_params
+            from dimmer.control.dimmer import DimmerParams
+
+            with contextlib.suppress(ValidationError):  # (a bad param is reported by _check_controller, by key)
+                given = DimmerParams.model_validate(params)
+                under = building_params(campus, given)
+                params |= under.model_dump(include={"pcc_margin_frac", "floor_release_w_per_s"})
     return params
 
 
-def _check_devices(cfg: DaemonConfig, site: SiteModel, source: str) -> tuple[str, ...]:
+def _check_devices(cfg: DaemonConfig, site: SiteModel, source: str, part: BuildingPart | None) -> tuple[str, ...]:
     names: list[str] = []
     covered = np.zeros(site.n_racks, dtype=np.int64)
     metered: dict[str, int] = {}
     endpoints: dict[tuple[str, int, int, str, int], int] = {}
     kinds: dict[str, int] = {}
+    coordinator = any(d.kind == "building" for d in cfg.devices)
+    buildings = {p.name: -1 for p in building_parts(site) if p.name != "campus"} if coordinator else {}
     for i, dev in enumerate(cfg.devices):
         key = f"devices[{i}]"
         name = dev.name or f"{dev.kind}{i}"
         if name in names:
             raise InputError(source, f"{key}.name", f"a name no other device has ({name!r} repeats)")
         names.append(name)
+        _check_role(dev, key, source, part, coordinator)
+        if dev.kind == "building":
+            if buildings.get(str(dev.building), -2) == -2:
+                raise InputError(source, f"{key}.building", f"a building of the site (not {dev.building!r})")
+            if buildings[str(dev.building)] >= 0:
+                raise InputError(
+                    source, f"{key}.building", f"one device per building (devices[{buildings[str(dev.building)]}])"
+                )
+            buildings[str(dev.building)] = i
         if dev.kind in ("battery", "site"):
             if dev.kind in kinds:
                 raise InputError(source, f"{key}.kind", f"at most one {dev.kind} device (devices[{kinds[dev.kind]}])")
@@ -293,10 +375,15 @@ def _check_devices(cfg: DaemonConfig, site: SiteModel, source: str) -> tuple[str
                 f"a unit no other {dev.kind} device at {dev.host}:{dev.port} uses (devices[{endpoints[ep]}])",
             )
         endpoints[ep] = i
-    if "campus" not in metered and "site" not in kinds:
-        raise InputError(
-            source, "devices", 'a meter with domain = "campus" or a site device: the interconnect must be measured'
-        )
+    pcc = site.domain_name[1] if part is not None else "campus"
+    if pcc not in metered and "feed" not in metered and "site" not in kinds:
+        what = "its building's import" if part is not None else "the interconnect"
+        raise InputError(source, "devices", f"a meter with domain = {pcc!r} or a site device: {what} must be measured")
+    if coordinator:
+        unserved = [b for b, i in buildings.items() if i < 0]
+        if unserved:
+            raise InputError(source, "devices", f"a building device for every building (none for {unserved[0]})")
+        return tuple(names)
     missing = np.flatnonzero(covered == 0)
     if missing.size:
         raise InputError(
@@ -306,6 +393,17 @@ def _check_devices(cfg: DaemonConfig, site: SiteModel, source: str) -> tuple[str
             f"(racks {_ranges(missing)} of 0..{site.n_racks - 1} have none)",
         )
     return tuple(names)
+
+
+def _check_role(dev: DeviceSpec, key: str, source: str, part: BuildingPart | None, coordinator: bool) -> None:
+    """A building daemon has its building's devices (no campus battery, no other building); a coordinator has the
+    interconnect's, the campus battery and its buildings (no racks: those are the buildings')."""
+    if part is not None and dev.kind in ("battery", "building"):
+        what = "meter, site or racks in a building daemon: the campus's are its parent's"
+        raise InputError(source, f"{key}.kind", what)
+    if coordinator and dev.kind == "racks":
+        what = "meter, site, battery or building in a coordinator: racks are its buildings'"
+        raise InputError(source, f"{key}.kind", what)
 
 
 def _ranges(idx: np.ndarray) -> str:
@@ -416,9 +514,25 @@ def _floor3(x: float) -> float:
     return math.floor(x * 1000.0) / 1000.0
 
 
-def _check_controller(cfg: DaemonConfig, site: SiteModel, params: Mapping[str, Any], source: str) -> None:
+def _check_controller(
+    cfg: DaemonConfig, site: SiteModel, params: Mapping[str, Any], source: str, part: BuildingPart | None
+) -> None:
     from dimmer.control import make_controller
 
+    coordinator = any(d.kind == "building" for d in cfg.devices)
+    if part is not None and cfg.controller.name != "dimmer":
+        what = "dimmer: a building daemon runs the flat controller on its building"
+        raise InputError(source, "controller.name", what)
+    if coordinator:
+        from dimmer.control.campus import campus_params
+
+        if cfg.controller.name != "dimmer-campus":
+            raise InputError(source, "controller.name", "dimmer-campus: a coordinator over building daemons runs it")
+        try:
+            campus_params(params)
+        except InputError as exc:
+            raise InputError(source, f"controller.{exc.key}", exc.expected) from None
+        return
     try:
         make_controller(cfg.controller.name, site, params, source=source)
     except InputError as exc:
@@ -451,10 +565,14 @@ def safe_cap_load_warnings(loaded: LoadedConfig) -> list[str]:
 def describe(loaded: LoadedConfig) -> str:
     site, cfg = loaded.site, loaded.config
     kinds = [d.kind for d in cfg.devices]
-    parts = ", ".join(f"{kinds.count(k)} {k}" for k in ("meter", "battery", "site", "racks") if kinds.count(k))
+    parts = ", ".join(
+        f"{kinds.count(k)} {k}" for k in ("meter", "battery", "site", "racks", "building") if kinds.count(k)
+    )
     ro = sum(d.read_only for d in cfg.devices)
+    role = {"building": f"building {loaded.part.name if loaded.part else ''} daemon: ", "coordinator": "coordinator: "}
     return (
-        f"{loaded.source}: ok — {site.n_gpus} GPUs in {site.n_racks} racks, {site.n_domains} domains, "
+        f"{loaded.source}: ok — {role.get(loaded.role, '')}{site.n_gpus} GPUs in {site.n_racks} racks, "
+        f"{site.n_domains} domains, "
         f"{site.n_jobs} job{'' if site.n_jobs == 1 else 's'}; devices: {parts}{f' ({ro} read-only)' if ro else ''}; "
         f"controller {cfg.controller.name}, "
         f"period {cfg.daemon.period_s:g} s, safe cap {loaded.safe_cap_w:g} W"

@@ -212,6 +212,8 @@ class SiteDevice(_Device):
         *,
         name: str | None = None,
         clock: Clock = time.monotonic,
+        domains: npt.ArrayLike | None = None,
+        width: int | None = None,
     ) -> None:
         if not 1 <= n_domains <= R.SITE_MAX_DOMAINS:
             raise ValueError(f"n_domains must be in 1..{R.SITE_MAX_DOMAINS}")
@@ -220,9 +222,23 @@ class SiteDevice(_Device):
         super().__init__(bus, unit, name, True, clock)
         self.n_domains = int(n_domains)
         self.n_jobs = int(n_jobs)
+        # the domains read, in the order their values are returned (a building daemon reads its own, not the
+        # campus's thousands): read as runs of consecutive domains, one span each
+        picked = np.arange(self.n_domains) if domains is None else np.asarray(domains, dtype=np.int64).reshape(-1)
+        if picked.size == 0 or picked.min() < 0 or picked.max() >= self.n_domains:
+            raise ValueError(f"domains must be indices in 0..{self.n_domains - 1}")
+        self.domains = picked
+        # the arrays returned: the domains read in their order, or (`width`) the device's layout with only those
+        # filled in (a coordinator reads the campus's own record, not its thousands)
+        self.width = picked.size if width is None else int(width)
+        self._slots = np.arange(picked.size) if width is None else picked
+        lo = np.unique(picked)
+        breaks = np.flatnonzero(np.diff(lo) != 1) + 1
+        self._runs = [(int(r[0]), int(r[-1]) + 1) for r in np.split(lo, breaks)]
+        self._order = np.searchsorted(lo, picked)
 
     def nan_values(self) -> dict[str, float | FloatArray]:
-        d = self.n_domains
+        d = self.width
         out: dict[str, float | FloatArray] = {
             "domain_power_w": np.full(d, np.nan),
             "domain_limit_w": np.full(d, np.nan),
@@ -244,12 +260,13 @@ class SiteDevice(_Device):
                 f"configured {self.n_domains} and {self.n_jobs}"
             )
         jobs = R.decode_records(R.SITE_JOB, words[R.SITE_JOB_BASE :], self.n_jobs, 1)["running"]
-        dom = R.decode_records(
-            R.SITE_DOMAIN,
-            await self._get(R.SITE_DOMAIN_BASE, R.SITE_DOMAIN_STRIDE * self.n_domains),
-            self.n_domains,
-            R.SITE_DOMAIN_STRIDE,
-        )
+        words_d: list[int] = []
+        for a, b in self._runs:
+            words_d += await self._get(R.site_domain_address(a), R.SITE_DOMAIN_STRIDE * (b - a))
+        read = R.decode_records(R.SITE_DOMAIN, words_d, len(words_d) // R.SITE_DOMAIN_STRIDE, R.SITE_DOMAIN_STRIDE)
+        dom = {k: np.full(self.width, np.nan) for k in read}
+        for k, v in read.items():
+            dom[k][self._slots] = v[self._order]
         out: dict[str, float | FloatArray] = {
             "domain_power_w": dom["power_w"],
             "domain_limit_w": dom["limit_w"],

@@ -83,6 +83,9 @@ def tcp_bus_factory() -> BusFactory:
 def build_devices(
     loaded: LoadedConfig, bus_factory: BusFactory, clock: Callable[[], float] = time.monotonic
 ) -> list[DeviceHandle]:
+    from dimmer.control.building_report import n_priority_groups
+    from dimmer.control.building_split import building_parts
+    from dimmer.daemon.building_device import BuildingDevice
     from dimmer.daemon.devices import RackDevice, RackLimits, SiteDevice, SunSpecBattery, SunSpecMeter
 
     site = loaded.site
@@ -109,10 +112,27 @@ def build_devices(
             first, n = int(spec.first_rack or 0), int(spec.n_racks or 0)
             recharge_max_w = site.rack_storage.bbu_power_w[first : first + n].copy()
             limits = RackLimits(gpu.min_cap_w, gpu.rated_w, recharge_max_w, loaded.config.safety.lease_s)
-            dev = RackDevice(bus, spec.unit, first, n, name=name, read_only=spec.read_only, limits=limits, clock=clock)
+            # (a building daemon counts racks from its building's first; the device, from the site's)
+            at = first + (loaded.part.rack_start if loaded.part is not None else 0)
+            dev = RackDevice(bus, spec.unit, at, n, name=name, read_only=spec.read_only, limits=limits, clock=clock)
             handle.racks = slice(first, first + n)
+        elif spec.kind == "building":
+            max_w = next(p.max_w for p in building_parts(site) if p.name == spec.building)
+            dev = BuildingDevice(
+                bus, spec.unit, n_priority_groups(site), max_w, name=name, read_only=spec.read_only, clock=clock
+            )
         else:
-            dev = SiteDevice(bus, spec.unit, site.n_domains, site.n_jobs, name=name, clock=clock)
+            # a building daemon reads its own domains of the site device: the building first, as its feed
+            # (a building daemon reads its own domains, the building first as its feed; a coordinator the campus's)
+            campus, mine = loaded.campus_site, loaded.part
+            domains, width = None, None
+            if mine is not None:
+                domains = np.concatenate(([mine.domain], mine.domains))
+            elif loaded.role == "coordinator":
+                domains, width = np.zeros(1, dtype=np.int64), campus.n_domains
+            dev = SiteDevice(
+                bus, spec.unit, campus.n_domains, campus.n_jobs, name=name, clock=clock, domains=domains, width=width
+            )
         handle.read_only = spec.read_only or spec.kind in ("meter", "site")  # meters and the site device: read only
         handle.device = dev
         out.append(handle)

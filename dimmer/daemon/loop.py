@@ -47,6 +47,7 @@ import numpy.typing as npt
 
 from dimmer.control import Controller, make_controller
 from dimmer.daemon.audit import AuditLog, decided_json, reasons_json
+from dimmer.daemon.building_role import BuildingRole
 from dimmer.daemon.config import LoadedConfig, load_config, parse_address, safe_cap_load_warnings
 from dimmer.daemon.handles import (
     BusFactory,
@@ -144,6 +145,7 @@ class Daemon:
         notifier: SystemdNotifier | None = None,
         max_cycles: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_started: Callable[[Daemon], None] | None = None,
     ) -> None:
         self.config_path = config_path
         self.dry_run = dry_run
@@ -165,6 +167,9 @@ class Daemon:
         self.metrics.set_mode(Mode.STARTING.value)
         self.machine = ModeMachine(self._mode_changed)
         self.controller: Controller = self._make_controller(loaded)
+        self.on_started = on_started
+        # a building daemon: its budget from its coordinator, its report to it (building_role.py)
+        self.building = BuildingRole(loaded, clock, speed) if loaded.role == "building" else None
         self.handles = build_devices(loaded, self._bus_factory, clock)
         self._publish_devices()
         self.builder = ObservationBuilder(loaded, self.handles, speed)
@@ -208,7 +213,7 @@ class Daemon:
         the controller's rate. One line in the log (a warning when a state was there and refused) and the audit."""
         loaded = self.loaded
         safe = loaded.safe_cap_w
-        site = loaded.site
+        site = loaded.campus_site  # (a building rises with every GPU of its campus: the ramp rule is the campus's)
         # the controller's cap rise rate, and no faster than half the utility's ramp limit with every GPU rising
         # together (the other half left for the load's own moves): a start must not itself be a ramp violation
         ramp_w_per_s = 0.5 * site.ramp_limit_w_per_min / 60.0 * site.rectifier_eff / max(site.n_gpus, 1)
@@ -282,6 +287,13 @@ class Daemon:
             # ListenError (an InputError: exit status 2) when it cannot listen: "cannot listen on host:port: why"
             self.metrics_port = self.metrics.serve(self._metrics_address, limits)
             log.info("metrics on http://%s:%d/metrics", self._metrics_address[0], self.metrics_port)
+        if self.building is not None:
+            # ListenError (exit status 2) when it cannot listen: "cannot listen on host:port: why"
+            port = await self.building.start()
+            b = self.building
+            log.info("building %s: dimmer-building-v1 served on %s:%d", b.part.name, b.host, port)
+        if self.on_started is not None:
+            self.on_started(self)
         self._t0_mono = self.clock()
         log.info(
             "started: %d devices, controller %s, period %g s%s%s%s",
@@ -355,9 +367,13 @@ class Daemon:
                     return None
                 log.warning("starting without readings from %s after %g s", ", ".join(missing), safety.stale_s)
         obs = self.builder.build(snap)
+        if self.building is not None:
+            obs = self.building.observe(obs, self.builder.last_pcc_limit_w)
 
         t_step = time.perf_counter()
         act, error = decide(self.controller, obs, site, safe_cap, self.last_cap_w)
+        if self.building is not None and error is None:
+            self.building.report(self.controller, obs, act)
         self.machine.to(Mode.RUNNING if error is None else Mode.FAILSAFE)
         step_s = time.perf_counter() - t_step
         period_s = self.loaded.config.daemon.period_s
@@ -444,6 +460,8 @@ class Daemon:
             watchdog_error = self._watchdog_error(new)
             if watchdog_error is not None:
                 raise watchdog_error
+            if (new.role, new.part and new.part.name) != (self.loaded.role, self.loaded.part and self.loaded.part.name):
+                raise InputError(str(self.config_path), "building", "the same role and building as the running one")
         except InputError as exc:
             log.error("SIGHUP: new config rejected, keeping the running one: %s", exc)
             self.audit.write({"event": "reload", "ok": False, "error": str(exc)})
@@ -500,6 +518,8 @@ class Daemon:
             self.audit.write({"event": "stop", "mode": Mode.STOPPING.value, "writes": audit_entries(writes, results)})
         self._save_state()
         await close_buses(self.handles)
+        if self.building is not None:
+            await self.building.stop()
         if self._last_audit is not None:
             self.audit.write(self._last_audit)
         self.audit.close()
@@ -508,11 +528,18 @@ class Daemon:
         log.info("stopped after %d cycles (%d overruns)", self.n_cycles, self.n_overruns)
 
 
-async def run_daemon(
-    config_path: Path, *, dry_run: bool = False, install_signals: bool = True, **kwargs: Any
-) -> Daemon:
-    """Load `config_path` and run the daemon until stopped (SIGTERM/SIGINT); returns the stopped daemon."""
+async def run_daemon(config_path: Path, *, dry_run: bool = False, install_signals: bool = True, **kwargs: Any) -> Any:
+    """Load `config_path` and run the daemon until stopped (SIGTERM/SIGINT); returns the stopped daemon: a
+    `Daemon`, or a `CoordinatorDaemon` for a config whose devices are buildings (docs/daemon.md, "The hierarchy")."""
     loaded = load_config(config_path)
+    if loaded.role == "coordinator":
+        from dimmer.daemon.coordinator_daemon import CoordinatorDaemon
+
+        coordinator = CoordinatorDaemon(loaded, dry_run=dry_run)
+        if install_signals:
+            coordinator.install_signal_handlers()
+        await coordinator.run()
+        return coordinator
     daemon = Daemon(loaded, config_path=config_path, dry_run=dry_run, **kwargs)
     if install_signals:
         daemon.install_signal_handlers()

@@ -170,6 +170,13 @@ class DaemonMetrics:
         self.failsafe = Counter("dimmer_failsafe_entries", "Times the daemon entered FAILSAFE mode", registry=r)
         self.mode = Enum("dimmer_mode", "Daemon mode", states=MODE_STATES, registry=r)
         self.build = Info("dimmer_build", "What the daemon is built from", registry=r)
+        # a campus coordinator's: what it grants each building and what each says it may draw (building_role.py)
+        self.budget = Gauge(
+            "dimmer_building_budget_watts", "Ceiling granted to each building", ["building"], registry=r
+        )
+        self.building_bound = Gauge(
+            "dimmer_building_bound_watts", "The most each building says its racks may draw", ["building"], registry=r
+        )
         self.build.info(build_info())
         for name in device_names:
             self.device_up.labels(device=name).set(1)
@@ -260,6 +267,23 @@ class DaemonMetrics:
         self.cap_min.set(float(np.min(act.rack_cap_w)) if site.n_racks else math.nan)
         self.cap_mean.set(float(np.mean(act.rack_cap_w)) if site.n_racks else math.nan)
         self.count_reasons(act.reasons)
+
+    def publish_coordinator(
+        self, obs: Observation, setpoint_w: float, names: Sequence[str], ceiling_w: npt.NDArray[np.float64],
+        bound_w: npt.NDArray[np.float64], cycle_s: float, step_s: float,
+    ) -> None:  # fmt: skip
+        """A coordinator's cycle: the interconnect, the battery, and each building's budget and bound."""
+        self.cycles.inc()
+        self.cycle.observe(cycle_s)
+        self.step.observe(step_s)
+        self.pcc.set(obs.pcc_power_w)
+        self.pcc_limit.set(obs.pcc_limit_w)
+        self.bess_soc.set(obs.bess_soc_frac)
+        self.bess_power.set(obs.bess_power_w)
+        self.bess_setpoint.set(setpoint_w)
+        for name, ceiling, bound in zip(names, ceiling_w.tolist(), bound_w.tolist(), strict=True):
+            self.budget.labels(building=name).set(ceiling)
+            self.building_bound.labels(building=name).set(bound)
 
 
 class _WithoutCreated:

@@ -10,11 +10,13 @@ and the recharge reach the grid while the GPUs still draw the old cap (was 0.1 s
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
 import numpy.typing as npt
 
+from dimmer.control.building_split import BUILDING_LEVEL
 from dimmer.daemon import registers as R
 from dimmer.daemon.config import uniform_cap_bound_w
 from dimmer.observation import Actions, Observation
@@ -75,6 +77,18 @@ def publish_site(img: Image, site: SiteModel, obs: Observation, update_count: in
     img.set(R.SITE_DOMAIN_BASE, R.encode_records(R.SITE_DOMAIN, domains, site.n_domains, R.SITE_DOMAIN_STRIDE))
 
 
+def rack_device_spans(site: SiteModel) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """(first rack, racks) of every rack device: 64 racks each in tree order, never across a building's edge (each
+    building daemon of a campus writes its own racks' devices, and a device written by two would be fought over)."""
+    d = np.flatnonzero(site.domain_level == BUILDING_LEVEL)
+    edges = np.unique(np.concatenate(([0, site.n_racks], site.domain_rack_start[d], site.domain_rack_stop[d])))
+    if edges.size < 2:  # a site of no racks: one empty device, as before
+        return np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    first = np.concatenate([np.arange(a, b, R.RACK_MAX) for a, b in itertools.pairwise(edges)])
+    stop = edges[np.searchsorted(edges, first, side="right")]
+    return first.astype(np.int64), np.minimum(R.RACK_MAX, stop - first).astype(np.int64)
+
+
 class RackDevices:
     """Every rack device of a site: their images, what their racks were told, and their leases (plant seconds)."""
 
@@ -82,10 +96,8 @@ class RackDevices:
         self.site = site
         self.safe_cap_w = safe_cap_w
         self.cap_settle_s = cap_settle_s
-        n = site.n_racks
-        self.n_devices = max(1, -(-n // R.RACK_MAX))
-        self.first = np.arange(self.n_devices) * R.RACK_MAX
-        self.count = np.minimum(R.RACK_MAX, n - self.first)
+        self.first, self.count = rack_device_spans(site)
+        self.n_devices = int(self.first.size)
         self.device_of_rack = np.repeat(np.arange(self.n_devices), self.count)
         # what the racks are told, decoded at write time
         self.hands = hands = Actions.hands_off(site)

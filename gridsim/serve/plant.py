@@ -35,7 +35,14 @@ from gridsim.serve.common import (
     Image,
     WriteRecord,
 )
-from gridsim.serve.maps import RackDevices, cap_settle_s, fallback_cap_w, publish_site, site_image
+from gridsim.serve.maps import (
+    RackDevices,
+    cap_settle_s,
+    fallback_cap_w,
+    publish_site,
+    rack_device_spans,
+    site_image,
+)
 from gridsim.serve.sunspec import ServedMeter, SunSpecDevice
 from gridsim.serve.worker import PlantWorker
 
@@ -85,7 +92,7 @@ class PlantServer:
         self.seed = loaded.scenario.seed if seed is None else int(seed)
         self.controller_label = controller_label
         self.site = site = loaded.site()
-        n_devices = max(1, -(-site.n_racks // R.RACK_MAX))
+        n_devices = int(rack_device_spans(site)[0].size)
         if FIRST_RACK_UNIT + n_devices - 1 > MAX_UNIT:
             raise InputError(loaded.source, "site", f"at most {(MAX_UNIT - FIRST_RACK_UNIT + 1) * R.RACK_MAX} racks")
         if site.n_domains > R.SITE_MAX_DOMAINS or site.n_jobs > R.SITE_MAX_JOBS:

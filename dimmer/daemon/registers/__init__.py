@@ -6,7 +6,8 @@
   a client may write.
 - `sunspec`: the SunSpec models built from the published definitions pysunspec2 ships (offsets, sizes, scale
   factors, access, 0- or 1-based enums, lengths), never retyped.
-- `maps`: the project's own maps, `dimmer-rack-v1` and `dimmer-site-v1`.
+- `maps`: the project's own maps, `dimmer-rack-v1` and `dimmer-site-v1`; `building`: `dimmer-building-v1`, a
+  building as one load to the campus coordinator.
 - `docs`: the tables of docs/registers.md, generated.
 
 Everything is re-exported here: `from dimmer.daemon import registers as R` is how the daemon, the agent and the
@@ -34,6 +35,26 @@ from dimmer.daemon.registers.blocks import (
     span_allowed,
     writable_spans,
     write_error,
+)
+from dimmer.daemon.registers.building import (
+    BUDGET_AT,
+    BUDGET_HELD,
+    BUDGET_LEN,
+    BUDGET_NONE,
+    BUDGET_SAFE,
+    BUILDING_GROUP,
+    BUILDING_GROUP_BASE,
+    BUILDING_GROUP_STRIDE,
+    BUILDING_HEADER,
+    BUILDING_IMAGE_SIZE,
+    BUILDING_MAGIC,
+    BUILDING_MAX_GROUPS,
+    BUILDING_VERSION,
+    REPORT_SCALARS,
+    building_group_address,
+    building_writable_spans,
+    building_write_error,
+    floor_or_none,
 )
 from dimmer.daemon.registers.docs import POINTS_USED, registers_markdown
 from dimmer.daemon.registers.maps import (

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from dimmer.daemon.registers import building as B
 from dimmer.daemon.registers import maps as M
 from dimmer.daemon.registers.blocks import Block, Field, field_range
 from dimmer.daemon.registers.sunspec import model, pysunspec2_version
@@ -89,4 +90,9 @@ def registers_markdown() -> str:
     lines += _table(M.SITE_JOB, "+")
     lines += ["", f"#### dimmer-site-v1 domain d: {M.SITE_DOMAIN_BASE} + {M.SITE_DOMAIN_STRIDE}·d + offset", ""]
     lines += _table(M.SITE_DOMAIN, "+")
+    lines += ["", "#### dimmer-building-v1 header, report and budget (address = offset)", ""]
+    lines += _table(B.BUILDING_HEADER.fields, "")
+    group_at = f"{B.BUILDING_GROUP_BASE} + {B.BUILDING_GROUP_STRIDE}·g + offset"
+    lines += ["", f"#### dimmer-building-v1 priority group g: {group_at}", ""]
+    lines += _table(B.BUILDING_GROUP, "+")
     return "\n".join(lines) + "\n"

@@ -1,0 +1,114 @@
+"""A building daemon as its campus coordinator sees it: a `dimmer-building-v1` device (registers/building.py).
+
+Read: the building's report (what it draws, the most it may draw at its caps, per priority group what its jobs
+hold, their floor and their uncapped demand) and the budget it holds. Written: a budget, with its lease and the
+coordinator's heartbeat, in one request. A device that reports another building's size (its `max_w` more than
+0.1 % from the site config's) is refused as a misread, not planned on: a coordinator pointed at the wrong port
+would otherwise budget one building by another's numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dimmer.daemon import registers as R
+from dimmer.daemon.bus import RegisterBus
+from dimmer.daemon.device_base import BusDevice, Clock, FloatArray
+from dimmer.daemon.device_base import as_float as _f
+
+MAX_W_TOLERANCE = 1e-3
+
+
+@dataclass(frozen=True)
+class BudgetWrite:
+    """What one budget write put on the wire (for the audit log)."""
+
+    ceiling_w: float
+    floor_w: float
+    lease_s: float
+    heartbeat: int
+
+    def as_audit(self) -> dict[str, Any]:
+        return {"ceiling_w": round(self.ceiling_w, 1), "floor_w": round(self.floor_w, 1), "heartbeat": self.heartbeat}
+
+
+class BuildingDevice(BusDevice):
+    """One building daemon's `dimmer-building-v1` registers.
+
+    Values: scalars "import_w", "bound_w", "prior_w", "return_w", "return_gpus", "base_w", "back_w", "fill_w",
+    "measured", "update_count", "budget_state", "ceiling_in_force_w", "safe_budget_w"; arrays "group_w",
+    "floor_w", "demand_w" (n_groups,).
+    """
+
+    kind = "building"
+
+    def __init__(
+        self,
+        bus: RegisterBus,
+        unit: int,
+        n_groups: int,
+        max_w: float,
+        *,
+        name: str | None = None,
+        read_only: bool = False,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        if not 1 <= n_groups <= R.BUILDING_MAX_GROUPS:
+            raise ValueError(f"n_groups must be in 1..{R.BUILDING_MAX_GROUPS}")
+        super().__init__(bus, unit, name, read_only, clock)
+        self.n_groups = int(n_groups)
+        self.max_w = float(max_w)
+        self.heartbeat = 0
+
+    def nan_values(self) -> dict[str, float | FloatArray]:
+        scalars = (*R.REPORT_SCALARS, "measured", "update_count", "budget_state", "ceiling_in_force_w", "safe_budget_w")
+        out: dict[str, float | FloatArray] = dict.fromkeys(scalars, math.nan)
+        return out | {k: np.full(self.n_groups, np.nan) for k in ("group_w", "floor_w", "demand_w")}
+
+    def writable_spans(self) -> list[R.Span]:
+        return R.building_writable_spans()
+
+    async def _read(self) -> dict[str, float | FloatArray]:
+        words = await self._get(0, R.building_group_address(self.n_groups))
+        hdr = R.decode_block(R.BUILDING_HEADER, words[: R.BUILDING_HEADER.length])
+        if hdr["magic"] != R.BUILDING_MAGIC:
+            raise R.DecodeError(f"not a {R.BUILDING_MAGIC} device (magic {hdr['magic']!r})")
+        if hdr["version"] != R.BUILDING_VERSION:
+            raise R.DecodeError(f"building map version {hdr['version']} (this daemon speaks {R.BUILDING_VERSION})")
+        if hdr["n_groups"] != self.n_groups:
+            raise R.DecodeError(f"device reports {_f(hdr['n_groups']):.0f} priority groups, configured {self.n_groups}")
+        max_w = _f(hdr["max_w"])
+        if not abs(max_w - self.max_w) <= MAX_W_TOLERANCE * self.max_w:
+            raise R.DecodeError(
+                f"device reports a building of {max_w / 1e6:.3f} MW at most, the site config's is "
+                f"{self.max_w / 1e6:.3f} MW: another building's daemon?"
+            )
+        groups = R.decode_records(
+            R.BUILDING_GROUP, words[R.BUILDING_GROUP_BASE :], self.n_groups, R.BUILDING_GROUP_STRIDE
+        )
+        keys = (*R.REPORT_SCALARS, "measured", "update_count", "budget_state", "ceiling_in_force_w", "safe_budget_w")
+        out: dict[str, float | FloatArray] = {k: _f(hdr[k]) for k in keys}
+        return out | {k: groups[k] for k in ("group_w", "floor_w", "demand_w")}
+
+    async def write_budget(self, ceiling_w: float, floor_w: float, lease_s: float) -> BudgetWrite:
+        """The budget, its lease and the next heartbeat in one request. A floor of NaN is none (0 on the wire)."""
+        floor = floor_w if math.isfinite(floor_w) and floor_w > 0 else 0.0
+        if not (math.isfinite(ceiling_w) and ceiling_w >= 0):
+            raise self._refuse(f"ceiling_w {ceiling_w!r}: a number of watts, at least 0", R.BUDGET_AT)
+        self.heartbeat = (self.heartbeat + 1) % 0xFFFFFFFF
+        values = {"lease_s": lease_s, "heartbeat": self.heartbeat, "ceiling_w": ceiling_w, "floor_w": floor}
+        words = R.encode_block(R.BUILDING_HEADER, values)[R.BUDGET_AT : R.BUDGET_AT + R.BUDGET_LEN]
+        refused = R.building_write_error(
+            [0] * R.BUDGET_AT + words + [0] * (R.BUILDING_IMAGE_SIZE - R.BUDGET_AT - R.BUDGET_LEN),
+            R.BUDGET_AT,
+            R.BUDGET_LEN,
+        )
+        if refused is not None:
+            raise self._refuse(refused[1], R.BUDGET_AT)
+        await self._put(R.BUDGET_AT, words)
+        return BudgetWrite(ceiling_w, floor, lease_s, self.heartbeat)
