@@ -88,6 +88,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="--sim: override a scenario key, e.g. --set duration_s=600")  # fmt: skip
     run.add_argument("--metrics", metavar="HOST:PORT", help="--sim: serve Prometheus metrics here (default: none)")
     run.add_argument("--quiet", action="store_true", help="--sim: no status line")
+    run.add_argument("--live-buildings", type=whole(1, 10_000, what="a number of buildings"), metavar="N",
+                     help="--sim with dimmer-campus: run the first N buildings' daemons, the rest as stand-ins "
+                     "(their racks uncontrolled: for timing on a small machine)")  # fmt: skip
 
     chk = sub.add_parser("check", help="validate a site config without touching any device")
     chk.add_argument("config", type=Path)
@@ -160,9 +163,9 @@ def _cmd_run_config(args: argparse.Namespace) -> int:
     from dimmer.daemon.config import check_files, load_config
     from dimmer.daemon.loop import run_daemon
 
-    for opt in ("speed", "out", "controller", "seed", "metrics"):
+    for opt in ("speed", "out", "controller", "seed", "metrics", "live_buildings"):
         if getattr(args, opt) is not None:
-            raise InputError("--" + opt, opt, "only with --sim")
+            raise InputError("--" + opt.replace("_", "-"), opt, "only with --sim")
     check_files(load_config(args.config))  # one line, exit 2, before any device is touched (the daemon loads it again)
     asyncio.run(run_daemon(args.config, dry_run=args.dry_run))
     return 0
@@ -192,9 +195,11 @@ def sim_config(
         spec["timeout_s"] = timeout_s
         spec["retries"] = 1
         spec["backoff_s"] = 0.01
-        for key in ("name", "base", "domain", "first_rack", "n_racks", "read_only"):
+        for key in ("name", "base", "domain", "first_rack", "n_racks", "read_only", "first_domain"):
             if d.get(key) is not None:
                 spec[key] = d[key]
+        if kind == "site" and "first_domain" in d:  # (a site split over units: this unit's domains)
+            spec["n_domains"] = int(d["n_domains"])
         devices.append(spec)
     jobs = [
         j.model_dump(include={"name", "priority", "gpus", "racks", "building"}, exclude_none=True)
@@ -383,6 +388,7 @@ async def run_sim(
     metrics_address: tuple[str, int] | None = None,
     status: StatusLine | None = None,
     install_signals: bool = True,
+    live_buildings: int | None = None,
 ) -> dict[str, Any]:
     """Serve the scenario's plant on a free loopback port, run the daemon against it until the scenario ends;
     return the plant's summary (also in out_dir/summary.json) plus the daemon's cycle statistics and `out_dir`.
@@ -403,6 +409,8 @@ async def run_sim(
     log = logging.getLogger("dimmer.sim")
     if controller not in controller_names():
         raise InputError("--controller", "controller", f"one of {', '.join(controller_names())}")
+    if live_buildings is not None and controller != "dimmer-campus":
+        raise InputError("--live-buildings", "live_buildings", "only with --controller dimmer-campus")
     lo, hi = SIM_SPEED_RANGE
     if not (math.isfinite(speed) and lo <= speed <= hi):
         raise InputError("--speed", "speed", f"plant seconds per wall second in [{lo:g}, {hi:g}] (got {speed!r})")
@@ -424,7 +432,9 @@ async def run_sim(
         raw = sim_config(loaded.scenario, device_map, controller, out, speed)
         if controller == "dimmer-campus" and len(building_parts(loaded.site())) > 1:
             # the hierarchy as the product runs it: a daemon per building, the coordinator here (sim_hierarchy.py)
-            daemon = HierarchyRun(raw, f"{scenario_path} (served)", out, speed, dry_run, on_cycle=status)
+            daemon = HierarchyRun(
+                raw, f"{scenario_path} (served)", out, speed, dry_run, on_cycle=status, live=live_buildings
+            )
         else:
             cfg = validate_config(raw, f"{scenario_path} (served)", out)
             daemon = Daemon(cfg, dry_run=dry_run, speed=speed, metrics_address=metrics_address, on_cycle=status)
@@ -509,6 +519,7 @@ def _cmd_run_sim(args: argparse.Namespace) -> int:
             dry_run=args.dry_run,
             metrics_address=metrics,
             status=status,
+            live_buildings=args.live_buildings,
         )
     )
     keys = ("breaker_trips", "pcc_overlimit_s", "ramp_violation_s", "max_ramp_mw_per_min", "peak_grid_mw",

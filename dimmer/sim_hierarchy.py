@@ -28,7 +28,9 @@ import numpy as np
 from dimmer.atomicfile import write_atomic
 from dimmer.errors import DimmerError
 
-CHILD_CODE = "import sys; from dimmer.sim_hierarchy import main_building; raise SystemExit(main_building(sys.argv[1:]))"
+_MAIN = "import sys; from dimmer.sim_hierarchy import {0}; raise SystemExit({0}(sys.argv[1:]))"
+CHILD_CODE = _MAIN.format("main_building")
+STANDIN_CODE = _MAIN.format("main_standins")
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
 log = logging.getLogger("dimmer.sim")
@@ -82,7 +84,8 @@ class HierarchyRun:
     `run_sim` drives: run(), request_stop(), and what daemon.json reports."""
 
     def __init__(self, flat: dict[str, Any], source: str, out: Path, speed: float, dry_run: bool,
-                 on_cycle: Any = None) -> None:  # fmt: skip
+                 on_cycle: Any = None, live: int | None = None) -> None:  # fmt: skip
+        from dimmer.control.building_report import n_priority_groups
         from dimmer.control.building_split import building_parts
         from dimmer.control.campus import campus_params
         from dimmer.daemon.config import validate_config
@@ -102,6 +105,16 @@ class HierarchyRun:
             d = out / part.name
             self.configs[part.name] = building_config(flat, part.name, part.rack_start, part.rack_stop, params,
                                                       share, d)  # fmt: skip
+        # a small machine runs the first `live` buildings' daemons; the rest are stand-ins (one process serving each
+        # one's registers with a report fixed at its safe budget): their racks run uncontrolled, for timing only
+        names = list(self.configs)
+        self.standins = {} if live is None or live >= len(names) else {n: self.configs.pop(n) for n in names[live:]}
+        self.standin_spec = [
+            {"name": p.name, "max_w": p.max_w, "safe_share": margin * p.max_w / max(total, 1.0),
+             "bound_w": margin * p.max_w / max(total, 1.0) * loaded.site.pcc_limit_w}
+            for p in self.parts if p.name in self.standins
+        ]  # fmt: skip
+        self.n_groups = n_priority_groups(loaded.site)
         self.children: dict[str, asyncio.subprocess.Process] = {}
         self.coordinator: Any = None
         self._stop_requested = False
@@ -138,6 +151,9 @@ class HierarchyRun:
 
         try:
             ports = dict(zip(self.configs, await asyncio.gather(*(self._spawn(n) for n in self.configs)), strict=True))
+            if self.standins:
+                ports |= await self._spawn_standins()
+            ports = {p.name: ports[p.name] for p in self.parts}  # (in the site's order)
             cfg = validate_config(coordinator_config(self.flat, ports), self.source, self.out)
             self.coordinator = CoordinatorDaemon(cfg, speed=self.speed, on_cycle=self.on_cycle, dry_run=self.dry_run,
                                                  metrics_address=None)  # fmt: skip
@@ -150,6 +166,27 @@ class HierarchyRun:
                 self.coordinator.audit.reopen()
                 self.coordinator.audit.write(self._last_audit)
                 self.coordinator.audit.close()
+
+    async def _spawn_standins(self) -> dict[str, int]:
+        d = self.out / "standins"
+        d.mkdir(parents=True, exist_ok=True)
+        spec = {"n_groups": self.n_groups, "speed": self.speed, "buildings": self.standin_spec}
+        (d / "standins.json").write_text(json.dumps(spec, indent=1) + "\n")
+        with (d / "standins.log").open("wb") as log_file:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", STANDIN_CODE, str(d / "standins.json"), stdout=asyncio.subprocess.PIPE,
+                stderr=log_file,
+            )  # fmt: skip
+        self.children["standins"] = proc
+        assert proc.stdout is not None
+        try:
+            line = await asyncio.wait_for(proc.stdout.readline(), timeout=START_TIMEOUT_S)
+        except TimeoutError:
+            line = b""
+        if not line:
+            raise DimmerError("the stand-in buildings did not start: see standins/standins.log")
+        ports: dict[str, int] = json.loads(line)["ports"]
+        return ports
 
     @property
     def last(self) -> Any:
@@ -189,7 +226,7 @@ class HierarchyRun:
         c = self.coordinator
         coord = percentiles_ms(c.cycle_s.values() if c is not None else np.zeros(0))
         buildings: dict[str, Any] = {}
-        for name in self.configs:
+        for name in self.configs:  # (the live ones)
             path = self.out / name / "daemon.json"
             buildings[name] = json.loads(path.read_text()) if path.is_file() else {"end": "no statistics written"}
         p99 = [b.get("daemon_cycle_ms_p99") for b in buildings.values()]
@@ -208,6 +245,7 @@ class HierarchyRun:
             "building_cycle_ms_p50": max(known50) if known50 else None,
             "building_cycle_ms_p99": max(known99) if known99 else None,
             "buildings": buildings,
+            "standin_buildings": sorted(self.standins),
             "last_cycle_mode": "running" if c is not None and c.last is not None else None,
             "stale_at_end": [h.name for h in c.handles if h.stuck] if c is not None else [],
         }
@@ -259,4 +297,47 @@ def main_building(argv: Sequence[str]) -> int:
         "last_cycle_mode": daemon.last.mode.value if daemon.last is not None else None,
     }
     write_atomic(args.stats, json.dumps(stats, indent=2) + "\n")
+    return 0
+
+
+def main_standins(argv: Sequence[str]) -> int:
+    """Stand-in buildings for a timing run on a small machine: each one's dimmer-building-v1 registers served on a
+    port of its own, its report fixed at its safe budget and published every period (a fresh update counter), its
+    budgets taken and counted. Ports on stdout; runs until SIGTERM, SIGINT or SIGUSR1."""
+    from dimmer.control.coordinator import BuildingReports
+    from dimmer.daemon.building_server import BuildingServer
+
+    spec = json.loads(Path(argv[0]).read_text())
+    n_g, speed = int(spec["n_groups"]), float(spec["speed"])
+
+    async def main() -> None:
+        servers = {
+            b["name"]: BuildingServer(b["name"], b["max_w"], b["safe_share"], n_g, speed=speed)
+            for b in spec["buildings"]
+        }
+        ports = {name: await srv.start() for name, srv in servers.items()}
+        sys.stdout.write(json.dumps({"ports": ports}) + "\n")
+        sys.stdout.flush()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            loop.add_signal_handler(sig, stop.set)
+        one, groups = np.ones(1), np.zeros((1, n_g))
+        reports = {
+            b["name"]: BuildingReports(
+                t_s=np.zeros(1), import_w=one * b["bound_w"], bound_w=one * b["bound_w"], prior_w=one * 0.0,
+                measured=np.ones(1, dtype=bool), return_w=one * 0.0, return_gpus=one * 0.0, base_w=one * b["bound_w"],
+                group_w=groups, floor_w=groups, demand_w=groups, back_w=one * 0.0, fill_w=one * 0.0,
+            )
+            for b in spec["buildings"]
+        }  # fmt: skip
+        while not stop.is_set():
+            for name, srv in servers.items():
+                srv.publish(reports[name])
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=1.0 / speed)
+        for srv in servers.values():
+            await srv.stop()
+
+    asyncio.run(main())
     return 0

@@ -222,8 +222,8 @@ def test_the_site_device_reads_a_building_its_own_domains_and_a_coordinator_the_
             site = srv.site
             b1 = building_parts(site)[1]
             mine = np.concatenate(([b1.domain], b1.domains))
-            building = SiteDevice(bus, SITE_UNIT, site.n_domains, site.n_jobs, domains=mine)
-            campus = SiteDevice(bus, SITE_UNIT, site.n_domains, site.n_jobs, domains=[0], width=site.n_domains)
+            building = SiteDevice(bus, SITE_UNIT, site.n_domains, site.n_jobs, read=mine)
+            campus = SiteDevice(bus, SITE_UNIT, site.n_domains, site.n_jobs, read=[0], slots=[0], width=site.n_domains)
             for _ in range(200):
                 r, c = await building.read(), await campus.read()
                 if r.ok and r.values["update_count"] > 0 and r.values["update_count"] == c.values["update_count"]:
@@ -502,3 +502,105 @@ def test_the_example_hierarchy_configs_are_valid(name: str, role: str) -> None:
 
     loaded = load_config(Path(__file__).resolve().parents[1] / "examples" / name)
     assert loaded.role == role
+
+
+@pytest.mark.parametrize(
+    ("args", "prefix"),
+    [
+        (["run", "--sim", "--live-buildings", "2"], "--live-buildings: "),  # not dimmer-campus
+        (["run", "--sim", "--controller", "dimmer-campus", "--live-buildings", "0"], "--live-buildings: "),
+        (["run", "--config", "examples/coordinator.toml", "--live-buildings", "2"], "--live-buildings: "),
+    ],
+)
+def test_live_buildings_is_refused_where_it_means_nothing(
+    args: list[str], prefix: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dimmer.cli import main
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    try:
+        code = main(args)
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dimmer: " + prefix) and err.count("\n") == 1, err
+
+
+def test_site_units_may_not_overlap_nor_pass_the_site(tmp_path: Path) -> None:
+    _, flat = _flat(tmp_path)
+    site = next(d for d in flat["devices"] if d["kind"] == "site")
+    n = load_scenario(tmp_path / "two.toml").site().n_domains
+    split = [site | {"name": "site-a", "first_domain": 0, "n_domains": 10}, site | {"name": "site-b", "unit": 4,
+             "first_domain": 10, "n_domains": n - 10}]  # fmt: skip
+    cfg = flat | {"devices": [d for d in flat["devices"] if d["kind"] != "site"] + split}
+    assert validate_config(cfg, "split.json", tmp_path).role == "flat"  # two units, every domain once
+    split[1]["first_domain"] = 9
+    with pytest.raises(InputError) as exc:
+        validate_config(cfg, "split.json", tmp_path)
+    assert exc.value.key.endswith(".n_domains") or exc.value.key.endswith(".first_domain")
+    split[1] |= {"first_domain": 5, "n_domains": 3}
+    with pytest.raises(InputError) as exc:
+        validate_config(cfg, "split.json", tmp_path)
+    assert exc.value.key == f"devices[{len(cfg['devices']) - 1}].first_domain"
+
+
+@pytest.mark.parametrize("role", ["flat", "b1", "coordinator"])
+def test_a_site_split_over_units_reads_as_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, role: str) -> None:
+    """A site of more domains than one unit holds (at a million GPUs: 15,093 against 10,874) is served over
+    consecutive units; each daemon reads what it needs of each and sees the site's domains where they belong.
+    (Here one unit holds 7 of the 19 domains, so the small campus is served over three.)"""
+    from dimmer.daemon.handles import build_devices, note_reading
+    from dimmer.daemon.observe import ObservationBuilder, Snapshot
+
+    monkeypatch.setattr(R, "SITE_MAX_DOMAINS", 7)
+    path = tmp_path / "two.toml"
+    path.write_text(SCENARIO.format(duration=20))
+    loaded = load_scenario(path)
+
+    async def go() -> None:
+        srv = PlantServer(loaded, speed=SPEED)
+        assert len(srv.site_parts) == 3
+        await srv.start()
+        try:
+            flat = sim_config(loaded.scenario, srv.device_map(), "dimmer-campus", tmp_path, SPEED)
+            flat["controller"]["name"] = "dimmer"
+            if role == "b1":
+                raw = building_config(flat, "b1", 8, 16, {}, 0.45, tmp_path)
+            elif role == "coordinator":
+                raw = coordinator_config(
+                    flat | {"controller": {"name": "dimmer-campus", "params": {}}}, {"b0": 1, "b1": 2}
+                )
+            else:
+                raw = flat
+            cfg = validate_config(raw, role, tmp_path)
+            handles = [h for h in build_devices(cfg, tcp_bus_factory()) if h.kind == "site"]
+            assert len(handles) == 3
+            for _ in range(200):
+                readings = [await h.device.read() for h in handles]
+                counts = {r.values["update_count"] for r in readings}
+                if all(r.ok for r in readings) and len(counts) == 1 and counts != {0.0}:
+                    break
+                await asyncio.sleep(0.02)
+            assert all(r.ok for r in readings), [r.error for r in readings]
+            for h, r in zip(handles, readings, strict=True):
+                note_reading(h, r, cfg.config.safety, SPEED)
+            obs = ObservationBuilder(cfg, handles, SPEED).build(Snapshot(time.monotonic(), 0.0, tuple(readings),
+                                                                        tuple(r.t_s for r in readings)))  # fmt: skip
+            published = srv.published[int(readings[0].values["update_count"])]
+            if role == "flat":
+                np.testing.assert_allclose(obs.domain_power_w, published.domain_power_w, rtol=1e-6)
+            elif role == "b1":
+                part = cfg.part
+                assert part is not None
+                mine = np.concatenate(([part.domain], part.domains))
+                np.testing.assert_allclose(obs.domain_power_w, published.domain_power_w[mine], rtol=1e-6)
+            else:
+                assert obs.pcc_power_w == pytest.approx(published.domain_power_w[0], rel=1e-6)
+                assert np.isnan(obs.domain_power_w[1:]).all()  # the campus's record only
+            for h in handles:
+                await h.device.bus.close()
+        finally:
+            await srv.stop()
+
+    asyncio.run(go())

@@ -35,7 +35,7 @@ import numpy as np
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from dimmer.control.building_split import BuildingPart, building_parts
-from dimmer.daemon.registers import RACK_MAX
+from dimmer.daemon.registers import RACK_MAX, SITE_MAX_DOMAINS
 from dimmer.errors import InputError, from_validation_error
 from dimmer.outpath import check_out_file
 from dimmer.site import SiteModel, build_site
@@ -70,6 +70,9 @@ class DeviceSpec(Strict):
     first_rack: int | None = Field(default=None, ge=0)  # racks: the first rack (tree order) this device serves
     n_racks: int | None = Field(default=None, ge=1, le=RACK_MAX)  # dimmer-rack-v1 serves up to 64 racks a device
     building: str | None = None  # building: the building (a domain of the site) whose daemon this is
+    # site: the site's domains this unit serves (a site of more than one unit's 10,874 is split); default all
+    first_domain: int | None = Field(default=None, ge=0)
+    n_domains: int | None = Field(default=None, ge=1, le=SITE_MAX_DOMAINS)
     read_only: bool = False  # never written, whatever the controller decides
     timeout_s: float = Field(default=0.5, gt=0, le=30)  # per request
     retries: int = Field(default=2, ge=0, le=10)  # per request, by the bus, before the read counts as failed
@@ -86,6 +89,8 @@ class DeviceSpec(Strict):
             raise ValueError("first_rack and n_racks belong to racks devices only")
         if (self.kind == "building") != (self.building is not None):
             raise ValueError("a building device names its building, and only a building device does")
+        if self.kind != "site" and (self.first_domain is not None or self.n_domains is not None):
+            raise ValueError("first_domain and n_domains belong to site devices only")
         return self
 
     @property
@@ -260,6 +265,7 @@ def validate_config(raw: Mapping[str, Any], source: str, base_dir: Path) -> Load
     part = _building_part(cfg, campus, source)
     site = part.site if part is not None else campus
     names = _check_devices(cfg, site, source, part)
+    _check_site_units(cfg, campus, source)
     limit_w = _check_limits(cfg, site, source)
     _check_safety(cfg, site, source)
     params = controller_params(cfg, campus, part)
@@ -342,7 +348,9 @@ def _check_devices(cfg: DaemonConfig, site: SiteModel, source: str, part: Buildi
                     source, f"{key}.building", f"one device per building (devices[{buildings[str(dev.building)]}])"
                 )
             buildings[str(dev.building)] = i
-        if dev.kind in ("battery", "site"):
+        if dev.kind == "site":
+            kinds["site"] = i
+        elif dev.kind == "battery":
             if dev.kind in kinds:
                 raise InputError(source, f"{key}.kind", f"at most one {dev.kind} device (devices[{kinds[dev.kind]}])")
             kinds[dev.kind] = i
@@ -393,6 +401,27 @@ def _check_devices(cfg: DaemonConfig, site: SiteModel, source: str, part: Buildi
             f"(racks {_ranges(missing)} of 0..{site.n_racks - 1} have none)",
         )
     return tuple(names)
+
+
+def _check_site_units(cfg: DaemonConfig, campus: SiteModel, source: str) -> None:
+    """Site devices serve runs of the site's domains that do not overlap (a large site is split over units)."""
+    owner = np.full(campus.n_domains, -1)
+    for i, dev in enumerate(cfg.devices):
+        if dev.kind != "site":
+            continue
+        first = dev.first_domain or 0
+        n = dev.n_domains if dev.n_domains is not None else campus.n_domains - first
+        if first + n > campus.n_domains or n < 1:
+            what = f"domains within the site's 0..{campus.n_domains - 1} (got {first}..{first + n - 1})"
+            raise InputError(source, f"devices[{i}].{'n_domains' if dev.n_domains else 'first_domain'}", what)
+        if n > SITE_MAX_DOMAINS:
+            what = f"at most {SITE_MAX_DOMAINS} domains a unit: the site's {campus.n_domains} are split over units"
+            raise InputError(source, f"devices[{i}].n_domains", what)
+        taken = owner[first : first + n]
+        if np.any(taken >= 0):
+            other = int(taken[np.argmax(taken >= 0)])
+            raise InputError(source, f"devices[{i}].first_domain", f"domains no other site device serves ({other})")
+        owner[first : first + n] = i
 
 
 def _check_role(dev: DeviceSpec, key: str, source: str, part: BuildingPart | None, coordinator: bool) -> None:

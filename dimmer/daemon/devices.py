@@ -212,7 +212,9 @@ class SiteDevice(_Device):
         *,
         name: str | None = None,
         clock: Clock = time.monotonic,
-        domains: npt.ArrayLike | None = None,
+        first_domain: int = 0,
+        read: npt.ArrayLike | None = None,
+        slots: npt.ArrayLike | None = None,
         width: int | None = None,
     ) -> None:
         if not 1 <= n_domains <= R.SITE_MAX_DOMAINS:
@@ -220,21 +222,23 @@ class SiteDevice(_Device):
         if not 0 <= n_jobs <= R.SITE_MAX_JOBS:
             raise ValueError(f"n_jobs must be in 0..{R.SITE_MAX_JOBS}")
         super().__init__(bus, unit, name, True, clock)
-        self.n_domains = int(n_domains)
+        self.n_domains = int(n_domains)  # on this unit: the site's first_domain .. first_domain + n_domains - 1
         self.n_jobs = int(n_jobs)
-        # the domains read, in the order their values are returned (a building daemon reads its own, not the
-        # campus's thousands): read as runs of consecutive domains, one span each
-        picked = np.arange(self.n_domains) if domains is None else np.asarray(domains, dtype=np.int64).reshape(-1)
-        if picked.size == 0 or picked.min() < 0 or picked.max() >= self.n_domains:
-            raise ValueError(f"domains must be indices in 0..{self.n_domains - 1}")
-        self.domains = picked
-        # the arrays returned: the domains read in their order, or (`width`) the device's layout with only those
-        # filled in (a coordinator reads the campus's own record, not its thousands)
+        self.first_domain = int(first_domain)
+        # which of its domains are read (a building daemon reads its own, a coordinator the campus's record, not the
+        # thousands of a large site), as runs of consecutive domains, a span each; and where each lands in the
+        # arrays returned (`slots` of `width`; by default the domains read, in their order)
+        picked = np.arange(self.n_domains) if read is None else np.asarray(read, dtype=np.int64).reshape(-1)
+        if picked.size and (picked.min() < 0 or picked.max() >= self.n_domains):
+            raise ValueError(f"domains read must be indices in 0..{self.n_domains - 1}")
+        self.read_domains = picked
         self.width = picked.size if width is None else int(width)
-        self._slots = np.arange(picked.size) if width is None else picked
+        self._slots = np.arange(picked.size) if slots is None else np.asarray(slots, dtype=np.int64).reshape(-1)
+        if self._slots.shape != picked.shape or (picked.size and self._slots.max() >= self.width):
+            raise ValueError("slots: one position in 0..width - 1 for each domain read")
         lo = np.unique(picked)
         breaks = np.flatnonzero(np.diff(lo) != 1) + 1
-        self._runs = [(int(r[0]), int(r[-1]) + 1) for r in np.split(lo, breaks)]
+        self._runs = [(int(r[0]), int(r[-1]) + 1) for r in np.split(lo, breaks)] if lo.size else []
         self._order = np.searchsorted(lo, picked)
 
     def nan_values(self) -> dict[str, float | FloatArray]:
@@ -254,19 +258,22 @@ class SiteDevice(_Device):
             raise R.DecodeError(f"not a {R.SITE_MAGIC} device (magic {hdr['magic']!r})")
         if hdr["version"] != R.SITE_VERSION:
             raise R.DecodeError(f"site map version {hdr['version']} (this daemon speaks {R.SITE_VERSION})")
-        if hdr["n_domains"] != self.n_domains or hdr["n_jobs"] != self.n_jobs:
+        first = _f(hdr["first_domain"])
+        first = 0.0 if math.isnan(first) else first  # (a device that predates the field serves from domain 0)
+        if hdr["n_domains"] != self.n_domains or hdr["n_jobs"] != self.n_jobs or first != self.first_domain:
             raise R.DecodeError(
-                f"device has {_f(hdr['n_domains']):.0f} domains and {_f(hdr['n_jobs']):.0f} jobs, "
-                f"configured {self.n_domains} and {self.n_jobs}"
+                f"device has {_f(hdr['n_domains']):.0f} domains from {first:.0f} and {_f(hdr['n_jobs']):.0f} jobs, "
+                f"configured {self.n_domains} from {self.first_domain} and {self.n_jobs}"
             )
         jobs = R.decode_records(R.SITE_JOB, words[R.SITE_JOB_BASE :], self.n_jobs, 1)["running"]
         words_d: list[int] = []
         for a, b in self._runs:
             words_d += await self._get(R.site_domain_address(a), R.SITE_DOMAIN_STRIDE * (b - a))
-        read = R.decode_records(R.SITE_DOMAIN, words_d, len(words_d) // R.SITE_DOMAIN_STRIDE, R.SITE_DOMAIN_STRIDE)
-        dom = {k: np.full(self.width, np.nan) for k in read}
-        for k, v in read.items():
-            dom[k][self._slots] = v[self._order]
+        dom = {k: np.full(self.width, np.nan) for k in ("power_w", "limit_w", "thermal_frac")}
+        if words_d:
+            n = len(words_d) // R.SITE_DOMAIN_STRIDE
+            for k, v in R.decode_records(R.SITE_DOMAIN, words_d, n, R.SITE_DOMAIN_STRIDE).items():
+                dom[k][self._slots] = v[self._order]
         out: dict[str, float | FloatArray] = {
             "domain_power_w": dom["power_w"],
             "domain_limit_w": dom["limit_w"],

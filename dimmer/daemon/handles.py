@@ -86,7 +86,7 @@ def build_devices(
     from dimmer.control.building_report import n_priority_groups
     from dimmer.control.building_split import building_parts
     from dimmer.daemon.building_device import BuildingDevice
-    from dimmer.daemon.devices import RackDevice, RackLimits, SiteDevice, SunSpecBattery, SunSpecMeter
+    from dimmer.daemon.devices import RackDevice, RackLimits, SunSpecBattery, SunSpecMeter
 
     site = loaded.site
     gpu = site.gpu
@@ -123,20 +123,35 @@ def build_devices(
             )
         else:
             # a building daemon reads its own domains of the site device: the building first, as its feed
-            # (a building daemon reads its own domains, the building first as its feed; a coordinator the campus's)
-            campus, mine = loaded.campus_site, loaded.part
-            domains, width = None, None
-            if mine is not None:
-                domains = np.concatenate(([mine.domain], mine.domains))
-            elif loaded.role == "coordinator":
-                domains, width = np.zeros(1, dtype=np.int64), campus.n_domains
-            dev = SiteDevice(
-                bus, spec.unit, campus.n_domains, campus.n_jobs, name=name, clock=clock, domains=domains, width=width
-            )
+            dev = _site_device(loaded, spec, bus, name, clock)
         handle.read_only = spec.read_only or spec.kind in ("meter", "site")  # meters and the site device: read only
         handle.device = dev
         out.append(handle)
     return out
+
+
+def _site_device(loaded: LoadedConfig, spec: Any, bus: Any, name: str, clock: Callable[[], float]) -> Any:
+    """One unit of the site device: the domains it serves (`first_domain` on), of which a flat daemon reads all
+    (into the site's layout), a building daemon its building's (the building first, as its feed: into its own
+    site's order), a coordinator the campus's record only."""
+    from dimmer.daemon.devices import SiteDevice
+
+    campus, mine = loaded.campus_site, loaded.part
+    first = int(spec.first_domain or 0)
+    n = int(spec.n_domains) if spec.n_domains is not None else campus.n_domains - first
+    if mine is not None:
+        wanted = np.concatenate(([mine.domain], mine.domains))
+        width = wanted.size
+    elif loaded.role == "coordinator":
+        wanted, width = np.zeros(1, dtype=np.int64), campus.n_domains
+    else:
+        wanted, width = np.arange(campus.n_domains), campus.n_domains
+    here = np.flatnonzero((wanted >= first) & (wanted < first + n))
+    slots = here if mine is not None else wanted[here]
+    return SiteDevice(
+        bus, spec.unit, n, campus.n_jobs, name=name, clock=clock, first_domain=first, read=wanted[here] - first,
+        slots=slots, width=width,
+    )  # fmt: skip
 
 
 async def close_buses(handles: list[DeviceHandle]) -> None:

@@ -82,8 +82,9 @@ class ObservationBuilder:
                 domain_age = np.where(fresh_d, age, domain_age)
                 lim = value_array(v, "domain_limit_w", n_d)
                 self.last_domain_limit_w = np.where(np.isfinite(lim), lim, self.last_domain_limit_w)
-                if age <= self.stale_s:
-                    thermal = value_array(v, "domain_thermal_frac", n_d)
+                if age <= self.stale_s:  # (a site split over units: each fills its own domains)
+                    tf = value_array(v, "domain_thermal_frac", n_d)
+                    thermal = np.where(np.isfinite(tf), tf, thermal)
                     freq = value_num(v, "grid_freq_hz")
                 pl = value_num(v, "pcc_limit_w")
                 if math.isfinite(pl):

@@ -52,29 +52,43 @@ def cap_settle_s(scenario: Scenario) -> float:
     return float(scenario.engine.actuation_latency_s + lag_s)
 
 
-def site_image(site: SiteModel) -> Image:
-    """The site device's registers before the first observation: header, jobs and domains not implemented."""
-    nd, nj = site.n_domains, site.n_jobs
+def site_parts(site: SiteModel) -> list[tuple[int, int]]:
+    """(first domain, domains) of each unit the site device is served on: a site of more domains than one unit's
+    registers hold (dimmer-site-v1: 10,874) is split in runs of consecutive domains, a unit each (3, 4, ...)."""
+    step = R.SITE_MAX_DOMAINS
+    return [(a, min(step, site.n_domains - a)) for a in range(0, max(site.n_domains, 1), step)]
+
+
+def site_image(site: SiteModel, first: int = 0, n: int | None = None, unit: int = SITE_UNIT) -> Image:
+    """A site device unit's registers before the first observation: header, jobs and domains not implemented."""
+    nd, nj = (site.n_domains - first) if n is None else n, site.n_jobs
     words = np.zeros(R.SITE_DOMAIN_BASE + R.SITE_DOMAIN_STRIDE * nd, dtype=np.int64)
     hdr = R.encode_block(
         R.SITE_HEADER,
-        {"magic": R.SITE_MAGIC, "version": R.SITE_VERSION, "n_domains": nd, "n_jobs": nj, "update_count": 0},
-    )
+        {"magic": R.SITE_MAGIC, "version": R.SITE_VERSION, "n_domains": nd, "n_jobs": nj, "update_count": 0,
+         "first_domain": first},
+    )  # fmt: skip
     words[: len(hdr)] = hdr
     words[R.SITE_JOB_BASE : R.SITE_JOB_BASE + R.SITE_MAX_JOBS] = R.U16_NA
     words[R.SITE_DOMAIN_BASE :] = R.encode_records(R.SITE_DOMAIN, {}, nd, R.SITE_DOMAIN_STRIDE)
-    return Image(SITE_UNIT, 0, words.tolist(), np.zeros(words.shape[0], dtype=bool))
+    return Image(unit, 0, words.tolist(), np.zeros(words.shape[0], dtype=bool))
 
 
-def publish_site(img: Image, site: SiteModel, obs: Observation, update_count: int) -> None:
+def publish_site(img: Image, site: SiteModel, obs: Observation, update_count: int, first: int = 0) -> None:
     if img.stalled:
         return
     img.set(6, R.encode_uint32(update_count))
     img.set(8, R.encode_float32([obs.pcc_limit_w, obs.ramp_limit_w_per_min, obs.grid_freq_hz]))
     if site.n_jobs:
         img.set(R.SITE_JOB_BASE, obs.job_running.astype(np.int64))
-    domains = {"power_w": obs.domain_power_w, "limit_w": obs.domain_limit_w, "thermal_frac": obs.domain_thermal_frac}
-    img.set(R.SITE_DOMAIN_BASE, R.encode_records(R.SITE_DOMAIN, domains, site.n_domains, R.SITE_DOMAIN_STRIDE))
+    n = (img.size - R.SITE_DOMAIN_BASE) // R.SITE_DOMAIN_STRIDE
+    sl = slice(first, first + n)
+    domains = {
+        "power_w": obs.domain_power_w[sl],
+        "limit_w": obs.domain_limit_w[sl],
+        "thermal_frac": obs.domain_thermal_frac[sl],
+    }
+    img.set(R.SITE_DOMAIN_BASE, R.encode_records(R.SITE_DOMAIN, domains, n, R.SITE_DOMAIN_STRIDE))
 
 
 def rack_device_spans(site: SiteModel) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:

@@ -42,6 +42,7 @@ from gridsim.serve.maps import (
     publish_site,
     rack_device_spans,
     site_image,
+    site_parts,
 )
 from gridsim.serve.sunspec import ServedMeter, SunSpecDevice
 from gridsim.serve.worker import PlantWorker
@@ -95,8 +96,12 @@ class PlantServer:
         n_devices = int(rack_device_spans(site)[0].size)
         if FIRST_RACK_UNIT + n_devices - 1 > MAX_UNIT:
             raise InputError(loaded.source, "site", f"at most {(MAX_UNIT - FIRST_RACK_UNIT + 1) * R.RACK_MAX} racks")
-        if site.n_domains > R.SITE_MAX_DOMAINS or site.n_jobs > R.SITE_MAX_JOBS:
-            raise InputError(loaded.source, "site", "a site the dimmer-site-v1 map can hold (domains, jobs)")
+        self.site_parts = site_parts(site)
+        if SITE_UNIT + len(self.site_parts) > FIRST_RACK_UNIT or site.n_jobs > R.SITE_MAX_JOBS:
+            most = (FIRST_RACK_UNIT - SITE_UNIT) * R.SITE_MAX_DOMAINS
+            raise InputError(
+                loaded.source, "site", f"a site the dimmer-site-v1 map can hold: at most {most} domains, 256 jobs"
+            )
         self.safe_cap_w = fallback_cap_w(site) if safe_cap_w is None else float(safe_cap_w)
 
         # the devices
@@ -112,7 +117,8 @@ class PlantServer:
         self.dev_written, self.dev_last_write_s, self.dev_lease_s = racks.written, racks.last_write_s, racks.lease_s
         self._sunspec: dict[int, SunSpecDevice] = {METER_UNIT: self.meter, BATTERY_UNIT: self.battery}
         self._images: dict[int, Image] = {METER_UNIT: self.meter.image, BATTERY_UNIT: self.battery.image}
-        self._images[SITE_UNIT] = site_image(site)
+        for k, (first, n) in enumerate(self.site_parts):
+            self._images[SITE_UNIT + k] = site_image(site, first, n, SITE_UNIT + k)
         for k, img in enumerate(racks.images):
             self._images[FIRST_RACK_UNIT + k] = img
 
@@ -174,14 +180,12 @@ class PlantServer:
         devices: list[dict[str, Any]] = [
             {"name": "pcc-meter", "kind": "sunspec-meter", "unit": METER_UNIT, "base": SUNSPEC_BASE},
             {"name": "campus-battery", "kind": "sunspec-battery", "unit": BATTERY_UNIT, "base": SUNSPEC_BASE},
-            {
-                "name": "site",
-                "kind": "site",
-                "unit": SITE_UNIT,
-                "n_domains": self.site.n_domains,
-                "n_jobs": self.site.n_jobs,
-            },
         ]
+        for k, (first, n) in enumerate(self.site_parts):
+            devices.append(
+                {"name": "site" if k == 0 else f"site-{k}", "kind": "site", "unit": SITE_UNIT + k,
+                 "first_domain": first, "n_domains": n, "n_jobs": self.site.n_jobs}
+            )  # fmt: skip
         for k in range(self.n_rack_devices):
             devices.append(
                 {
@@ -384,5 +388,6 @@ class PlantServer:
             self.meter.publish(obs)
         if not self.battery.image.stalled:
             self.battery.publish(obs, uc)
-        publish_site(self._images[SITE_UNIT], self.site, obs, uc)
+        for k, (first, _) in enumerate(self.site_parts):
+            publish_site(self._images[SITE_UNIT + k], self.site, obs, uc, first)
         self.racks.publish(obs, uc)

@@ -111,6 +111,10 @@ SITE_HEADER = Block(
         Field("pcc_limit_w", 8, "float32", unit="W", lo=0.0, hi=1e12, desc="interconnect limit in force"),
         Field("ramp_limit_w_per_min", 10, "float32", unit="W/min", lo=0.0, hi=1e12, desc="grid ramp limit"),
         Field("grid_freq_hz", 12, "float32", unit="Hz", lo=0.0, hi=100.0, desc="grid frequency"),
+        # (in the header's reserved words: a device that leaves them at 0 serves the site from its first domain)
+        Field(
+            "first_domain", 14, "uint32", desc="site index of its first domain (a site too large for one unit is split)"
+        ),
     ),
 )
 SITE_JOB = (Field("running", 0, "uint16", unit="bool", lo=0, hi=1, desc="1 drawing training power now"),)
