@@ -22,6 +22,7 @@ from dimmer.daemon.device_base import BusDevice, Clock, FloatArray
 from dimmer.daemon.device_base import as_float as _f
 
 MAX_W_TOLERANCE = 1e-3
+HEADER = R.NumericDecoder(R.BUILDING_HEADER)
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class BuildingDevice(BusDevice):
 
     async def _read(self) -> dict[str, float | FloatArray]:
         words = await self._get(0, R.building_group_address(self.n_groups))
-        hdr = R.decode_block(R.BUILDING_HEADER, words[: R.BUILDING_HEADER.length])
+        hdr = HEADER.decode(words[: R.BUILDING_HEADER.length])
         if hdr["magic"] != R.BUILDING_MAGIC:
             raise R.DecodeError(f"not a {R.BUILDING_MAGIC} device (magic {hdr['magic']!r})")
         if hdr["version"] != R.BUILDING_VERSION:
@@ -98,17 +99,14 @@ class BuildingDevice(BusDevice):
     async def write_budget(self, ceiling_w: float, floor_w: float, lease_s: float) -> BudgetWrite:
         """The budget, its lease and the next heartbeat in one request. A floor of NaN is none (0 on the wire)."""
         floor = floor_w if math.isfinite(floor_w) and floor_w > 0 else 0.0
-        if not (math.isfinite(ceiling_w) and ceiling_w >= 0):
-            raise self._refuse(f"ceiling_w {ceiling_w!r}: a number of watts, at least 0", R.BUDGET_AT)
+        most = R.BUILDING_HEADER.field("ceiling_w").hi
+        for name, v in (("ceiling_w", ceiling_w), ("floor_w", floor)):
+            if not (math.isfinite(v) and 0 <= v <= most):
+                raise self._refuse(f"{name} {v!r}: a number of watts in 0..{most:g}", R.BUDGET_AT)
+        if not (math.isfinite(lease_s) and 0 < lease_s <= R.BUILDING_HEADER.field("lease_s").hi):
+            raise self._refuse(f"lease_s {lease_s!r}: a positive number of seconds up to 86400", R.BUDGET_AT)
         self.heartbeat = (self.heartbeat + 1) % 0xFFFFFFFF
-        values = {"lease_s": lease_s, "heartbeat": self.heartbeat, "ceiling_w": ceiling_w, "floor_w": floor}
-        words = R.encode_block(R.BUILDING_HEADER, values)[R.BUDGET_AT : R.BUDGET_AT + R.BUDGET_LEN]
-        refused = R.building_write_error(
-            [0] * R.BUDGET_AT + words + [0] * (R.BUILDING_IMAGE_SIZE - R.BUDGET_AT - R.BUDGET_LEN),
-            R.BUDGET_AT,
-            R.BUDGET_LEN,
-        )
-        if refused is not None:
-            raise self._refuse(refused[1], R.BUDGET_AT)
+        # (the map's order: lease_s, heartbeat, ceiling_w, floor_w; each within its declared range, checked above)
+        words = R.encode_float32(lease_s) + R.encode_uint32(self.heartbeat) + R.encode_float32([ceiling_w, floor])
         await self._put(R.BUDGET_AT, words)
         return BudgetWrite(ceiling_w, floor, lease_s, self.heartbeat)

@@ -28,6 +28,7 @@ from dimmer.daemon.agent_server import AllowList, RegisterServer, WriteRefused
 from dimmer.daemon.netguard import ConnectionLimits
 
 log = logging.getLogger("dimmer.daemon")
+HEADER = R.NumericDecoder(R.BUILDING_HEADER)
 
 
 class BuildingServer:
@@ -88,7 +89,7 @@ class BuildingServer:
         refused = R.building_write_error(cand, address, len(values))
         if refused is not None:
             raise WriteRefused(*refused)
-        vals = R.decode_block(R.BUILDING_HEADER, cand[: R.BUILDING_HEADER.length])
+        vals = HEADER.decode(cand[: R.BUILDING_HEADER.length])
         at = R.BUILDING_HEADER.field("ceiling_w").offset
         if address <= at < address + len(values):  # a budget (a heartbeat alone renews nothing)
             self.ceiling_w = float(vals["ceiling_w"] or 0.0)

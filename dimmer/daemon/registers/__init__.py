@@ -22,6 +22,7 @@ from dimmer.daemon.registers.blocks import (
     ILLEGAL_VALUE,
     Block,
     Field,
+    NumericDecoder,
     Span,
     Values,
     decode_block,
