@@ -42,6 +42,11 @@ __all__ = ["BatteryWrite", "Clock", "RackDevice", "RackLimits", "Reading", "Site
            "SunSpecMeter", "Value"]  # fmt: skip
 
 
+# (decoded in one pass a value type: the daemon reads every rack device's header each period)
+RACK_HEADER = R.NumericDecoder(R.RACK_HEADER)
+SITE_HEADER = R.NumericDecoder(R.SITE_HEADER)
+
+
 # -- dimmer-rack-v1 ------------------------------------------------------------------------------------------------
 
 
@@ -145,7 +150,7 @@ class RackDevice(_Device):
             )
 
     async def _read(self) -> dict[str, float | FloatArray]:
-        hdr = R.decode_block(R.RACK_HEADER, await self._get(0, R.RACK_HEADER.length))
+        hdr = RACK_HEADER.decode(await self._get(0, R.RACK_HEADER.length))
         self.check_header(hdr)
         words = await self._get(R.RACK_STATUS_BASE, R.RACK_STATUS_STRIDE * self.n_racks)
         out: dict[str, float | FloatArray] = dict(
@@ -253,7 +258,7 @@ class SiteDevice(_Device):
 
     async def _read(self) -> dict[str, float | FloatArray]:
         words = await self._get(0, R.SITE_JOB_BASE + self.n_jobs)
-        hdr = R.decode_block(R.SITE_HEADER, words[: R.SITE_HEADER.length])
+        hdr = SITE_HEADER.decode(words[: R.SITE_HEADER.length])
         if hdr["magic"] != R.SITE_MAGIC:
             raise R.DecodeError(f"not a {R.SITE_MAGIC} device (magic {hdr['magic']!r})")
         if hdr["version"] != R.SITE_VERSION:
