@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -388,7 +389,7 @@ def run_hierarchy(tmp_path: Path, duration_s: float, script: Script, link_delay_
                 return SlowBus(bus, link_delay_s) if spec.kind == "building" and link_delay_s > 0 else bus
 
             cfg = validate_config(coordinator_config(flat, ports), "campus", tmp_path)
-            coord = CoordinatorDaemon(cfg, speed=SPEED, bus_factory=factory, metrics_address=None)
+            coord = CoordinatorDaemon(cfg, speed=SPEED, bus_factory=factory, metrics_address=("127.0.0.1", 0))
             tasks.append(asyncio.create_task(coord.run()))
             run = HierarchyRun(srv, buildings, coord)
 
@@ -424,10 +425,27 @@ async def _nothing(run: HierarchyRun, at: At) -> None:
     await at(1.0)
 
 
+async def _scrape(run: HierarchyRun, at: At) -> None:
+    import urllib.request
+
+    await at(40.0)
+    url = f"http://127.0.0.1:{run.coordinator.metrics_port}/metrics"
+    run.samples["metrics"] = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
+
+
 @pytest.mark.slow
 def test_the_hierarchy_as_daemons_holds_every_limit(tmp_path: Path) -> None:
-    run = run_hierarchy(tmp_path, 70.0, _nothing)
+    run = run_hierarchy(tmp_path, 70.0, _scrape)
     assert_held(run)
+    # the coordinator's endpoint: each building's budget and bound, the interconnect, its cycles
+    text = run.samples["metrics"]
+    for name in ("b0", "b1"):
+        budget = re.search(rf'^dimmer_building_budget_watts{{building="{name}"}} (\S+)$', text, re.M)
+        bound = re.search(rf'^dimmer_building_bound_watts{{building="{name}"}} (\S+)$', text, re.M)
+        assert budget is not None and bound is not None and 0 < float(budget.group(1)) < 1.1e6, name
+        assert 0 < float(bound.group(1)) < 1.1e6
+    cycles = re.search(r"^dimmer_cycles_total (\S+)$", text, re.M)
+    assert cycles is not None and float(cycles.group(1)) >= 30
     for name, d in run.buildings.items():
         b = d.building
         assert b is not None and b.server.n_budgets >= 40 and b.server.lease_expiries == 0, name
