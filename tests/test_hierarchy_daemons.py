@@ -446,6 +446,9 @@ def test_the_hierarchy_as_daemons_holds_every_limit(tmp_path: Path) -> None:
         assert 0 < float(bound.group(1)) < 1.1e6
     cycles = re.search(r"^dimmer_cycles_total (\S+)$", text, re.M)
     assert cycles is not None and float(cycles.group(1)) >= 30
+    for h in run.coordinator.buildings:  # each building's storage state, as its BBUs report it
+        assert h.last is not None
+        assert 0.5 <= h.last.values["bbu_soc_frac"] <= 1.0 and h.last.values["bbu_energy_j"] > 0
     for name, d in run.buildings.items():
         b = d.building
         assert b is not None and b.server.n_budgets >= 40 and b.server.lease_expiries == 0, name

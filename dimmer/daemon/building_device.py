@@ -23,6 +23,8 @@ from dimmer.daemon.device_base import as_float as _f
 
 MAX_W_TOLERANCE = 1e-3
 HEADER = R.NumericDecoder(R.BUILDING_HEADER)
+SCALARS = (*R.REPORT_SCALARS, "measured", "update_count", "budget_state", "ceiling_in_force_w", "safe_budget_w",
+           "bbu_soc_frac", "bbu_energy_j")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,8 @@ class BuildingDevice(BusDevice):
     """One building daemon's `dimmer-building-v1` registers.
 
     Values: scalars "import_w", "bound_w", "prior_w", "return_w", "return_gpus", "base_w", "back_w", "fill_w",
-    "measured", "update_count", "budget_state", "ceiling_in_force_w", "safe_budget_w"; arrays "group_w",
+    "measured", "update_count", "budget_state", "ceiling_in_force_w", "safe_budget_w", "bbu_soc_frac" (its racks'
+    BBUs' mean state of charge), "bbu_energy_j" (their energy above their floor); arrays "group_w",
     "floor_w", "demand_w" (n_groups,).
     """
 
@@ -67,8 +70,7 @@ class BuildingDevice(BusDevice):
         self.heartbeat = 0
 
     def nan_values(self) -> dict[str, float | FloatArray]:
-        scalars = (*R.REPORT_SCALARS, "measured", "update_count", "budget_state", "ceiling_in_force_w", "safe_budget_w")
-        out: dict[str, float | FloatArray] = dict.fromkeys(scalars, math.nan)
+        out: dict[str, float | FloatArray] = dict.fromkeys(SCALARS, math.nan)
         return out | {k: np.full(self.n_groups, np.nan) for k in ("group_w", "floor_w", "demand_w")}
 
     def writable_spans(self) -> list[R.Span]:
@@ -92,8 +94,7 @@ class BuildingDevice(BusDevice):
         groups = R.decode_records(
             R.BUILDING_GROUP, words[R.BUILDING_GROUP_BASE :], self.n_groups, R.BUILDING_GROUP_STRIDE
         )
-        keys = (*R.REPORT_SCALARS, "measured", "update_count", "budget_state", "ceiling_in_force_w", "safe_budget_w")
-        out: dict[str, float | FloatArray] = {k: _f(hdr[k]) for k in keys}
+        out: dict[str, float | FloatArray] = {k: _f(hdr[k]) for k in SCALARS}
         return out | {k: groups[k] for k in ("group_w", "floor_w", "demand_w")}
 
     async def write_budget(self, ceiling_w: float, floor_w: float, lease_s: float) -> BudgetWrite:

@@ -106,4 +106,10 @@ class BuildingRole:
     def report(self, controller: object, obs: Observation, act: Actions) -> None:
         """Publish this period's report (nothing from a controller that is not the flat one: it has no bound)."""
         if isinstance(controller, DimmerController):
-            self.server.publish(building_reports(self.shape, [controller], obs, act))
+            soc = obs.rack_bbu_soc_frac
+            rs = self.shape.site.rack_storage
+            known = np.isfinite(soc) & (rs.bbu_energy_j > 0)
+            mean = float(np.mean(soc[known])) if known.any() else math.nan
+            above = np.maximum(soc[known] - rs.bbu_soc_min_frac, 0.0) * rs.bbu_energy_j[known]
+            energy = float(np.sum(above)) if known.any() else math.nan
+            self.server.publish(building_reports(self.shape, [controller], obs, act), mean, energy)

@@ -133,10 +133,11 @@ class BuildingServer:
 
     # -- the report ------------------------------------------------------------------------------------------------
 
-    def publish(self, rep: BuildingReports) -> None:
-        """This period's report (row 0 of `rep`), with the update counter moved."""
+    def publish(self, rep: BuildingReports, bbu_soc_frac: float = math.nan, bbu_energy_j: float = math.nan) -> None:
+        """This period's report (row 0 of `rep`) and its storage state, with the update counter moved."""
         self.update_count = (self.update_count + 1) % 0xFFFFFFFF
         scalars: dict[str, float | str | int | None] = {k: float(getattr(rep, k)[0]) for k in R.REPORT_SCALARS}
+        scalars |= {"bbu_soc_frac": bbu_soc_frac, "bbu_energy_j": bbu_energy_j}
         self._set(scalars | {"measured": int(bool(rep.measured[0])), "update_count": self.update_count})
         g = min(rep.group_w.shape[1], R.BUILDING_MAX_GROUPS)
         groups = {k: getattr(rep, k)[0, :g] for k in ("group_w", "floor_w", "demand_w")}

@@ -52,10 +52,12 @@ BUILDING_HEADER = Block(
         _w("base_w", 24, "what no cap moves: racks without a running job, overhead"),
         _w("back_w", 26, "what its stopped jobs' returns would add to the bound"),
         _w("fill_w", 28, "what floors on its uncapped racks could add"),
+        Field("bbu_soc_frac", 30, "float32", unit="1", lo=0.0, hi=1.0, desc="its racks' BBUs: mean state of charge"),
         Field("lease_s", 32, "float32", unit="s", lo=0.0, hi=86400.0, access="RW", desc="lease of the budget"),
         Field("heartbeat", 34, "uint32", access="RW", desc="coordinator heartbeat, bumped at every write"),
         _w("ceiling_w", 36, "budget: the most its bound may reach", access="RW"),
         _w("floor_w", 38, "budget: the least import asked of it, 0 = none", access="RW"),
+        Field("bbu_energy_j", 40, "float32", unit="J", lo=0.0, hi=1e15, desc="its BBUs' energy above their floor"),
     ),
 )
 BUILDING_GROUP = (
