@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -115,6 +116,12 @@ class HierarchyRun:
             for p in self.parts if p.name in self.standins
         ]  # fmt: skip
         self.n_groups = n_priority_groups(loaded.site)
+        cores = os.cpu_count() or 1
+        if len(self.configs) > 2 * cores:
+            log.warning(
+                "%d building daemons on %d cores beside the plant: their cycles will overrun (--live-buildings N "
+                "runs N of them, the rest as stand-ins)", len(self.configs), cores,
+            )  # fmt: skip
         self.children: dict[str, asyncio.subprocess.Process] = {}
         self.coordinator: Any = None
         self._stop_requested = False
