@@ -137,20 +137,26 @@ class HierarchyRun:
         args = [str(d / "config.json"), "--speed", repr(self.speed), "--stats", str(d / "daemon.json")]
         if self.dry_run:
             args.append("--dry-run")
-        with (d / "daemon.log").open("wb") as log_file:
+        said = await self._start(name, CHILD_CODE, args, d / "daemon.log", f"building daemon {name}")
+        return int(said["port"])
+
+    async def _start(self, key: str, code: str, args: list[str], log_path: Path, what: str) -> dict[str, Any]:
+        """A child process running `code`; what it says on its first line of stdout (JSON) once it serves."""
+        with log_path.open("wb") as log_file:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-c", CHILD_CODE, *args, stdout=asyncio.subprocess.PIPE, stderr=log_file
+                sys.executable, "-c", code, *args, stdout=asyncio.subprocess.PIPE, stderr=log_file
             )
-        self.children[name] = proc
+        self.children[key] = proc
         assert proc.stdout is not None
         try:
             line = await asyncio.wait_for(proc.stdout.readline(), timeout=START_TIMEOUT_S)
         except TimeoutError:
             line = b""
         if not line:
-            tail = (d / "daemon.log").read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
-            raise DimmerError(f"building daemon {name} did not start: {tail[0]}")
-        return int(json.loads(line)["port"])
+            tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            raise DimmerError(f"{what} did not start: {tail[0]}")
+        said: dict[str, Any] = json.loads(line)
+        return said
 
     async def run(self) -> None:
         from dimmer.daemon.config import validate_config
@@ -179,20 +185,9 @@ class HierarchyRun:
         d.mkdir(parents=True, exist_ok=True)
         spec = {"n_groups": self.n_groups, "speed": self.speed, "buildings": self.standin_spec}
         (d / "standins.json").write_text(json.dumps(spec, indent=1) + "\n")
-        with (d / "standins.log").open("wb") as log_file:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-c", STANDIN_CODE, str(d / "standins.json"), stdout=asyncio.subprocess.PIPE,
-                stderr=log_file,
-            )  # fmt: skip
-        self.children["standins"] = proc
-        assert proc.stdout is not None
-        try:
-            line = await asyncio.wait_for(proc.stdout.readline(), timeout=START_TIMEOUT_S)
-        except TimeoutError:
-            line = b""
-        if not line:
-            raise DimmerError("the stand-in buildings did not start: see standins/standins.log")
-        ports: dict[str, int] = json.loads(line)["ports"]
+        said = await self._start("standins", STANDIN_CODE, [str(d / "standins.json")], d / "standins.log",
+                                 "the stand-in buildings")  # fmt: skip
+        ports: dict[str, int] = said["ports"]
         return ports
 
     @property

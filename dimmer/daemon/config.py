@@ -207,6 +207,15 @@ def parse_address(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def metrics_address_of(loaded: LoadedConfig, given: tuple[str, int] | str | None) -> tuple[str, int] | None:
+    """Where a daemon serves its metrics: the config's `daemon.metrics_address` for "config" ("" none), else `given`
+    (a host and port, or None: none)."""
+    if given == "config":
+        text = loaded.config.daemon.metrics_address
+        return parse_address(text) if text else None
+    return given if isinstance(given, tuple) else None
+
+
 @dataclass(frozen=True)
 class LoadedConfig:
     """A validated config with everything built from it once: the site model, resolved paths, names, limits."""

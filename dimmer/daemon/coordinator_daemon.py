@@ -29,7 +29,7 @@ from dimmer.control.building_split import building_parts
 from dimmer.control.campus import campus_params, make_coordinator
 from dimmer.control.coordinator import Budgets, BuildingReports
 from dimmer.daemon.audit import AuditLog
-from dimmer.daemon.config import LoadedConfig, parse_address
+from dimmer.daemon.config import LoadedConfig, metrics_address_of
 from dimmer.daemon.handles import (
     BusFactory,
     DeviceHandle,
@@ -96,11 +96,7 @@ class CoordinatorDaemon:
         self.metrics = DaemonMetrics(site, loaded.device_names, clock=clock, speed=speed)
         self.builder = ObservationBuilder(loaded, self.handles, speed)
         self.audit = AuditLog(loaded.audit_path)
-        if metrics_address == "config":
-            text = loaded.config.daemon.metrics_address
-            self._metrics_address: tuple[str, int] | None = parse_address(text) if text else None
-        else:
-            self._metrics_address = metrics_address if isinstance(metrics_address, tuple) else None
+        self._metrics_address = metrics_address_of(loaded, metrics_address)
         self.metrics_port: int | None = None
         self.n_cycles = self.n_overruns = self.n_writes = 0
         self.cycle_s = RecentDurations()

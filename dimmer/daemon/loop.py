@@ -48,7 +48,7 @@ import numpy.typing as npt
 from dimmer.control import Controller, make_controller
 from dimmer.daemon.audit import AuditLog, decided_json, reasons_json
 from dimmer.daemon.building_role import BuildingRole
-from dimmer.daemon.config import LoadedConfig, load_config, parse_address, safe_cap_load_warnings
+from dimmer.daemon.config import LoadedConfig, load_config, metrics_address_of, safe_cap_load_warnings
 from dimmer.daemon.handles import (
     BusFactory,
     DeviceHandle,
@@ -174,11 +174,7 @@ class Daemon:
         self._publish_devices()
         self.builder = ObservationBuilder(loaded, self.handles, speed)
         self.audit = AuditLog(loaded.audit_path)
-        if metrics_address == "config":
-            text = loaded.config.daemon.metrics_address
-            self._metrics_address: tuple[str, int] | None = parse_address(text) if text else None
-        else:
-            self._metrics_address = metrics_address if isinstance(metrics_address, tuple) else None
+        self._metrics_address = metrics_address_of(loaded, metrics_address)
         self.metrics_port: int | None = None
         self.last_cap_w: FloatArray | None = None  # caps last written (or decided, in dry-run)
         self.n_cycles = 0

@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from dimmer.daemon.registers.blocks import ILLEGAL_VALUE, Block, Field, Span, merge_spans, writable_spans, write_error
-from dimmer.daemon.registers.maps import LEASE_EXPIRED, LEASE_HELD, LEASE_NONE
-from dimmer.daemon.registers.words import WordArray, as_words, decode_float32
+from dimmer.daemon.registers.blocks import Block, Field, Span, merge_spans, writable_spans, write_error
+from dimmer.daemon.registers.maps import LEASE_EXPIRED, LEASE_HELD, LEASE_NONE, lease_error
+from dimmer.daemon.registers.words import WordArray, as_words
 
 BUILDING_MAGIC = "DMBD"
 BUILDING_VERSION = 1
@@ -82,14 +82,8 @@ def building_write_error(cand: Sequence[int] | WordArray, address: int, count: i
     """Why a write to a dimmer-building-v1 device, leaving its registers `cand`, may not be stored (Modbus
     exception code, why), or None: every value whole and within its declared range, a lease of more than 0 s."""
     w = as_words(cand)[:BUILDING_IMAGE_SIZE]
-    refused = write_error(BUILDING_HEADER, address, count, w)
-    if refused is not None:
-        return refused
     lease = BUILDING_HEADER.field("lease_s")
-    touched = address < lease.offset + lease.n and lease.offset < address + count
-    if touched and not float(decode_float32(w[lease.offset : lease.offset + lease.n])[0]) > 0:
-        return ILLEGAL_VALUE, f"lease_s: a positive number of seconds up to {lease.hi:g}"
-    return None
+    return write_error(BUILDING_HEADER, address, count, w) or lease_error(lease, w, address, count)
 
 
 def floor_or_none(floor_w: float) -> float:

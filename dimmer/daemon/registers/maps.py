@@ -158,10 +158,12 @@ def rack_write_error(cand: Sequence[int] | WordArray, address: int, count: int, 
     would lapse as it is written)."""
     block = rack_block(n_racks)
     w = as_words(cand)[: block.length]
-    refused = write_error(block, address, count, w)
-    if refused is not None:
-        return refused
-    lease = RACK_HEADER.field("lease_s")
+    return write_error(block, address, count, w) or lease_error(RACK_HEADER.field("lease_s"), w, address, count)
+
+
+def lease_error(lease: Field, w: WordArray, address: int, count: int) -> tuple[int, str] | None:
+    """A write touching `lease` (a float32 of seconds) that leaves it at 0 or less: a lease that lapses as it is
+    written (ILLEGAL_VALUE, why); None otherwise."""
     touched = address < lease.offset + lease.n and lease.offset < address + count
     if touched and not float(decode_float32(w[lease.offset : lease.offset + lease.n])[0]) > 0:
         return ILLEGAL_VALUE, f"lease_s: a positive number of seconds up to {lease.hi:g}"
