@@ -323,9 +323,11 @@ class Workload:
         """(n_jobs,) doing training work now: RUNNING, or CHECKPOINT with an asynchronous write."""
         return self._running.copy()
 
-    def rack_demand_w(self) -> FloatArray:
-        """(n_racks,) per-active-GPU demand in W now, uncapped; idle_w (or background) where nothing runs."""
-        out: FloatArray = self._level_w[self._rack_slot]
+    def rack_demand_w(self, out: FloatArray | None = None) -> FloatArray:
+        """(n_racks,) per-active-GPU demand in W now, uncapped; idle_w (or background) where nothing runs.
+
+        Written into `out` when given (the engine's per-tick buffer), else into a new array."""
+        out = np.take(self._level_w, self._rack_slot, out=out)
         if self._bg_on:
             out[self._bg_rack] = self._bg_level_w
         return out
