@@ -367,6 +367,7 @@ class Simulation:
         # per-tick buffers: nothing of a tick's size is allocated in the loop
         demand = np.zeros(site.n_racks)
         rack_w = np.zeros(site.n_racks)
+        demand_w = np.zeros(site.n_racks)
         domain_csum = np.zeros(site.n_racks + 1)  # [0, cumsum of the racks' grid-side power]
         domain_hi = np.zeros(site.n_domains)
         domain_w = np.zeros(site.n_domains)
@@ -444,7 +445,7 @@ class Simulation:
             if energized is not energized_seen:  # the first tick
                 energized_seen = energized
                 all_on = bool(energized.all())
-                fixed_on = float(fixed @ energized)
+                fixed_on = float(np.add.reduce(fixed * energized))
             self.workload.advance(dt, job_speed, self.job_suspend, energized)
             self.workload.rack_demand_w(demand)
             draw = self.gpus.step(t, dt, demand, energized)
@@ -471,7 +472,7 @@ class Simulation:
             if energized is not energized_seen:
                 energized_seen = energized
                 all_on = bool(energized.all())
-                fixed_on = float(fixed @ energized)
+                fixed_on = float(np.add.reduce(fixed * energized))
             if freq_model is None:
                 freq_model = FrequencyModel(sc.grid, grid_w, dt)
             extra = float(replay_dev[k]) if replay_dev is not None else 0.0
@@ -504,10 +505,13 @@ class Simulation:
                 domain_w_acc += domain_rec
             else:
                 domain_w_acc += domain_w
-            if all_on:
-                s_demand[k] = float(gain @ demand) + fixed_on
-            else:
-                s_demand[k] = float(gain @ (demand * energized)) + fixed_on
+            # Sums, not `gain @ demand`: numpy's @ on a long vector is BLAS's dot, which splits it over threads
+            # (OpenBLAS: above 10,000 racks): its last bit then depends on the machine's core count, and on a busy
+            # machine a threaded dot of 14k racks took a millisecond a tick.
+            np.multiply(gain, demand, out=demand_w)
+            if not all_on:
+                demand_w *= energized
+            s_demand[k] = float(np.add.reduce(demand_w)) + fixed_on
             s_load[k] = np.add.reduce(rack_w)
             s_campus[k] = campus_w
             s_bess[k] = bess_w
@@ -520,7 +524,7 @@ class Simulation:
                 s_burn[k] = 0.0
             else:
                 burn = np.maximum(draw - np.minimum(demand, self.gpus.cap_w), 0.0)
-                s_burn[k] = float(active_over_eff @ burn)
+                s_burn[k] = float(np.add.reduce(active_over_eff * burn))
             bbus_idle = self.bbus.idle
             if bbus_idle:
                 s_bbu[k] = 0.0
