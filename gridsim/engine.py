@@ -140,6 +140,19 @@ def check_actions(act: Actions, n_racks: int, n_jobs: int) -> tuple[str, str] | 
     return None
 
 
+def _domain_gather(site: SiteModel) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int, int]:
+    """How the engine computes site.domain_load_w: (start, stop) rack indices of the domains before `lo`, gathered,
+    and from `lo` on the rack-level domains when they are the last ones and hold one rack each in order, from rack
+    `r0` (their load is then csum[r0 + 1 + i] - csum[r0 + i], read as two slices)."""
+    start, stop = site.domain_rack_start, site.domain_rack_stop
+    n = site.n_domains
+    lo = n
+    while lo > 0 and stop[lo - 1] == start[lo - 1] + 1 and (lo == n or start[lo] == start[lo - 1] + 1):
+        lo -= 1
+    r0 = int(start[lo]) if lo < n else 0
+    return start[:lo].astype(np.int64), stop[:lo].astype(np.int64), lo, r0
+
+
 def _record_domain_index(site: SiteModel, racks: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     rack_level = int(site.domain_level.max())
     upper = np.flatnonzero(site.domain_level < rack_level)
@@ -241,8 +254,13 @@ class Simulation:
         # (read as a campus at 0 MW, a 2 s delay had the battery discharge 4 MW to "follow" the first real reading).
         ticks = np.arange(k - self.delay_ticks - self.window_ticks + 1, k - self.delay_ticks + 1)
         idx = np.maximum(ticks, 0) % rows
-        rack_w = self.ring[idx].mean(axis=0)
-        load_w = self.ring_load[idx].mean(axis=0)
+        # rows in time order; when that is the ring's own order (a window of whole rings), a view reads them in the
+        # same order a copy would, without copying the window
+        rings: slice | npt.NDArray[np.int64] = idx
+        if idx.size == rows and idx[0] == 0 and idx[-1] == rows - 1:
+            rings = slice(0, rows)
+        rack_w = self.ring[rings].mean(axis=0)
+        load_w = self.ring_load[rings].mean(axis=0)
         # the highest of the window's samples, newest first, one every peak_sample_s
         peak_w = self.ring_load[idx[:: -self.peak_every]].max(axis=0) if self.peak_every else None
         grid_w = float(self.ring_grid[idx].mean())
@@ -254,22 +272,25 @@ class Simulation:
             load_w = load_w * load_gain
             peak_w = None if peak_w is None else peak_w * load_gain  # (one meter: its error is the same)
             domain_w = domain_w * (1 + tel.noise_frac * self.rng_telemetry.standard_normal(site.n_domains))
-        rack_w = rack_w.copy()
-        load_w = load_w.copy()
-        arrived = np.ones(site.n_racks, dtype=bool)
-        if tel.dropout_prob > 0:
-            arrived &= self.rng_telemetry.random(site.n_racks) >= tel.dropout_prob
+        # rack_w, load_w and peak_w are this call's own arrays (a mean, a max, a product): marked in place
         dark = self.faults.racks_dark(t_s)
-        if dark is not None:  # host agents down: their racks' readings stop arriving
-            arrived &= ~dark
-        rack_w[~arrived] = np.nan
-        load_w[~arrived] = np.nan
-        if peak_w is not None:
-            peak_w = peak_w.copy()
-            peak_w[~arrived] = np.nan
-        # a rack's age is its latest reading's that arrived: it grows while none does (a dark rack reported 1 s old
-        # for as long as its agent was down, so a controller holding a lost reading for its age held it for ever)
-        self.rack_last_ok_s[arrived] = t_s
+        if tel.dropout_prob > 0 or dark is not None:
+            arrived = np.ones(site.n_racks, dtype=bool)
+            if tel.dropout_prob > 0:
+                arrived &= self.rng_telemetry.random(site.n_racks) >= tel.dropout_prob
+            if dark is not None:  # host agents down: their racks' readings stop arriving
+                arrived &= ~dark
+            lost = ~arrived
+            rack_w[lost] = np.nan
+            load_w[lost] = np.nan
+            if peak_w is not None:
+                peak_w[lost] = np.nan
+            # a rack's age is its latest reading's that arrived: it grows while none does (a dark rack reported 1 s
+            # old for as long as its agent was down, so a controller holding a lost reading for its age held it for
+            # ever)
+            self.rack_last_ok_s[arrived] = t_s
+        else:
+            self.rack_last_ok_s.fill(t_s)
         age = t_s - self.rack_last_ok_s + tel.delay_s
         seen = Telemetry(
             rack_w, load_w, age, domain_w, np.full(site.n_domains, tel.delay_s), grid_w, tel.delay_s, peak_w
@@ -282,7 +303,7 @@ class Simulation:
             rack_age_s=seen.rack_age_s,
             rack_cap_w=self.gpus.cap_w.copy(),
             rack_floor_w=self.gpus.floor_w.copy(),
-            rack_bbu_soc_frac=self.bbus.soc_frac.copy(),
+            rack_bbu_soc_frac=self.bbus.soc_frac,  # a new array each read
             rack_energized=self.breakers.rack_energized(),
             domain_power_w=seen.domain_w,
             domain_age_s=seen.domain_age_s,
@@ -371,7 +392,10 @@ class Simulation:
         domain_csum = np.zeros(site.n_racks + 1)  # [0, cumsum of the racks' grid-side power]
         domain_hi = np.zeros(site.n_domains)
         domain_w = np.zeros(site.n_domains)
-        d_start, d_stop = site.domain_rack_start, site.domain_rack_stop
+        d_start, d_stop, lo, r0 = _domain_gather(site)
+        head_w, head_hi = domain_w[:lo], domain_hi[:lo]
+        tail_w, csum_tail = domain_w[lo:], domain_csum[r0 + 1 : r0 + 1 + site.n_domains - lo]
+        csum_prev = domain_csum[r0 : r0 + site.n_domains - lo]
         # only the recorded domains' loads are averaged over the period: gather those when they are few
         gather_rec = rec_d.size < site.n_domains // 2
         domain_w_acc = np.zeros(rec_d.size if gather_rec else site.n_domains)
@@ -394,6 +418,8 @@ class Simulation:
         storage_faults = any(isinstance(f.event, StorageFault) for f in self.faults.faults)
         rack_soc = self.bbus.soc_frac
         soc_fresh = False
+        soc_turns_due = True
+        k2_rec = self.breakers.pickup_k[rec_d] ** 2
         bbu_soc_min = bbu_soc_mean = math.nan
         wall0 = time.perf_counter()
         last_progress = wall0
@@ -458,9 +484,10 @@ class Simulation:
             bess_w = self.bess.step(dt, self.bess_setpoint_w)
             # site.domain_load_w, into this tick's buffers
             np.cumsum(grid_rack_w, out=domain_csum[1:])
-            np.take(domain_csum, d_stop, out=domain_w)
-            np.take(domain_csum, d_start, out=domain_hi)
-            domain_w -= domain_hi
+            np.take(domain_csum, d_stop, out=head_w)
+            np.take(domain_csum, d_start, out=head_hi)
+            head_w -= head_hi
+            np.subtract(csum_tail, csum_prev, out=tail_w)  # one rack each, in order: slices, not gathers
             campus_w = float(domain_w[0])
             grid_w = campus_w - bess_w
             if self.faults.faults and self.faults.islanded(t):
@@ -533,6 +560,7 @@ class Simulation:
             if not (bbus_idle and soc_fresh and not storage_faults):
                 rack_soc = self.bbus.soc_frac  # a property that computes: shared with the period record
                 soc_fresh = True
+                soc_turns_due = True
                 if any_bbu:
                     bbu_soc = rack_soc[has_bbu]
                     bbu_soc_min = bbu_soc.min()
@@ -547,7 +575,7 @@ class Simulation:
                 period_t[p] = (p * tpp) * dt
                 period["domain_w"][p] = (domain_w_acc if gather_rec else domain_w_acc[rec_d]) / cnt
                 domain_w_acc[:] = 0.0
-                period["domain_thermal_frac"][p] = self.breakers.thermal_frac()[rec_d]
+                period["domain_thermal_frac"][p] = self.breakers.theta[rec_d] / k2_rec  # thermal_frac()[rec_d]
                 period["domain_limit_w"][p] = self.breakers.rating_w[rec_d]
                 if n_jobs:
                     first = self.job_first_rack
@@ -558,7 +586,9 @@ class Simulation:
                 period["rack_w"][p] = grid_rack_w[rec_r]
                 period["rack_cap_w"][p] = self.gpus.cap_w[rec_r]
                 period["bbu_soc_min_frac"][p] = rack_soc.min() if site.n_racks else np.nan
-                bbu_turns.update(rack_soc)
+                if soc_turns_due:  # (a second update with the same SoC changes nothing: skipped)
+                    bbu_turns.update(rack_soc)
+                    soc_turns_due = False
                 loaded_r = rack_w > 0
                 if loaded_r.any():
                     ride = np.where(has_bbu, self.bbus.stored_j * bbu_eff, 0.0)[loaded_r] / rack_w[loaded_r]
