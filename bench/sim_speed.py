@@ -79,8 +79,8 @@ def main() -> None:
     print(f"machine: {machine()}")
     print("reference runs (controller none, dt 0.1 s):")
     runs = (
-        ("swing-8k.toml (8,192-GPU job)", 0, 3600.0, "1000x"),
-        ("1M-GPU campus, 10 min", 1_000_000, 600.0, "50x, < 4 GB"),
+        ("swing-8k.toml (8,192-GPU job)", 0, 3600.0, "5,000x, issue 13"),
+        ("1M-GPU campus, 10 min", 1_000_000, 600.0, "200x, < 2 GB, issue 13"),
         ("1M-GPU campus, 1 h (recording bound)", 1_000_000, 3600.0, "a few GB"),
     )
     for label, gpus, dur, target in runs:

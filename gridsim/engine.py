@@ -37,6 +37,7 @@ from gridsim.scenario import (
     FrequencyStepEvent,
     JobEvent,
     LoadedScenario,
+    StorageFault,
 )
 from gridsim.wear import SocTurningPoints
 
@@ -137,6 +138,19 @@ def check_actions(act: Actions, n_racks: int, n_jobs: int) -> tuple[str, str] | 
     if js.shape != (n_jobs,) or js.dtype != np.bool_:
         return "job_suspend", f"a boolean array of shape ({n_jobs},) (got {js.dtype} of shape {js.shape})"
     return None
+
+
+def _domain_gather(site: SiteModel) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int, int]:
+    """How the engine computes site.domain_load_w: (start, stop) rack indices of the domains before `lo`, gathered,
+    and from `lo` on the rack-level domains when they are the last ones and hold one rack each in order, from rack
+    `r0` (their load is then csum[r0 + 1 + i] - csum[r0 + i], read as two slices)."""
+    start, stop = site.domain_rack_start, site.domain_rack_stop
+    n = site.n_domains
+    lo = n
+    while lo > 0 and stop[lo - 1] == start[lo - 1] + 1 and (lo == n or start[lo] == start[lo - 1] + 1):
+        lo -= 1
+    r0 = int(start[lo]) if lo < n else 0
+    return start[:lo].astype(np.int64), stop[:lo].astype(np.int64), lo, r0
 
 
 def _record_domain_index(site: SiteModel, racks: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -240,8 +254,13 @@ class Simulation:
         # (read as a campus at 0 MW, a 2 s delay had the battery discharge 4 MW to "follow" the first real reading).
         ticks = np.arange(k - self.delay_ticks - self.window_ticks + 1, k - self.delay_ticks + 1)
         idx = np.maximum(ticks, 0) % rows
-        rack_w = self.ring[idx].mean(axis=0)
-        load_w = self.ring_load[idx].mean(axis=0)
+        # rows in time order; when that is the ring's own order (a window of whole rings), a view reads them in the
+        # same order a copy would, without copying the window
+        rings: slice | npt.NDArray[np.int64] = idx
+        if idx.size == rows and idx[0] == 0 and idx[-1] == rows - 1:
+            rings = slice(0, rows)
+        rack_w = self.ring[rings].mean(axis=0)
+        load_w = self.ring_load[rings].mean(axis=0)
         # the highest of the window's samples, newest first, one every peak_sample_s
         peak_w = self.ring_load[idx[:: -self.peak_every]].max(axis=0) if self.peak_every else None
         grid_w = float(self.ring_grid[idx].mean())
@@ -253,22 +272,25 @@ class Simulation:
             load_w = load_w * load_gain
             peak_w = None if peak_w is None else peak_w * load_gain  # (one meter: its error is the same)
             domain_w = domain_w * (1 + tel.noise_frac * self.rng_telemetry.standard_normal(site.n_domains))
-        rack_w = rack_w.copy()
-        load_w = load_w.copy()
-        arrived = np.ones(site.n_racks, dtype=bool)
-        if tel.dropout_prob > 0:
-            arrived &= self.rng_telemetry.random(site.n_racks) >= tel.dropout_prob
+        # rack_w, load_w and peak_w are this call's own arrays (a mean, a max, a product): marked in place
         dark = self.faults.racks_dark(t_s)
-        if dark is not None:  # host agents down: their racks' readings stop arriving
-            arrived &= ~dark
-        rack_w[~arrived] = np.nan
-        load_w[~arrived] = np.nan
-        if peak_w is not None:
-            peak_w = peak_w.copy()
-            peak_w[~arrived] = np.nan
-        # a rack's age is its latest reading's that arrived: it grows while none does (a dark rack reported 1 s old
-        # for as long as its agent was down, so a controller holding a lost reading for its age held it for ever)
-        self.rack_last_ok_s[arrived] = t_s
+        if tel.dropout_prob > 0 or dark is not None:
+            arrived = np.ones(site.n_racks, dtype=bool)
+            if tel.dropout_prob > 0:
+                arrived &= self.rng_telemetry.random(site.n_racks) >= tel.dropout_prob
+            if dark is not None:  # host agents down: their racks' readings stop arriving
+                arrived &= ~dark
+            lost = ~arrived
+            rack_w[lost] = np.nan
+            load_w[lost] = np.nan
+            if peak_w is not None:
+                peak_w[lost] = np.nan
+            # a rack's age is its latest reading's that arrived: it grows while none does (a dark rack reported 1 s
+            # old for as long as its agent was down, so a controller holding a lost reading for its age held it for
+            # ever)
+            self.rack_last_ok_s[arrived] = t_s
+        else:
+            self.rack_last_ok_s.fill(t_s)
         age = t_s - self.rack_last_ok_s + tel.delay_s
         seen = Telemetry(
             rack_w, load_w, age, domain_w, np.full(site.n_domains, tel.delay_s), grid_w, tel.delay_s, peak_w
@@ -281,7 +303,7 @@ class Simulation:
             rack_age_s=seen.rack_age_s,
             rack_cap_w=self.gpus.cap_w.copy(),
             rack_floor_w=self.gpus.floor_w.copy(),
-            rack_bbu_soc_frac=self.bbus.soc_frac.copy(),
+            rack_bbu_soc_frac=self.bbus.soc_frac,  # a new array each read
             rack_energized=self.breakers.rack_energized(),
             domain_power_w=seen.domain_w,
             domain_age_s=seen.domain_age_s,
@@ -356,13 +378,49 @@ class Simulation:
         freq_model: FrequencyModel | None = None
         freq_hz = sc.grid.nominal_hz
         full_speed = np.ones(n_jobs)
+        peak_w = self.workload.rack_peak_w()  # constant over the run
         job_speed = full_speed
         rack_ones = np.ones(site.n_racks, dtype=bool)
         energized = rack_ones
-        domain_w_acc = np.zeros(site.n_domains)
         rows = self.ring.shape[0]
         gain, fixed = self.rack_gain, self.rack_fixed
         active_over_eff = site.rack_active_gpus / site.rectifier_eff
+        # per-tick buffers: nothing of a tick's size is allocated in the loop
+        demand = np.zeros(site.n_racks)
+        rack_w = np.zeros(site.n_racks)
+        demand_w = np.zeros(site.n_racks)
+        domain_csum = np.zeros(site.n_racks + 1)  # [0, cumsum of the racks' grid-side power]
+        domain_hi = np.zeros(site.n_domains)
+        domain_w = np.zeros(site.n_domains)
+        d_start, d_stop, lo, r0 = _domain_gather(site)
+        head_w, head_hi = domain_w[:lo], domain_hi[:lo]
+        tail_w, csum_tail = domain_w[lo:], domain_csum[r0 + 1 : r0 + 1 + site.n_domains - lo]
+        csum_prev = domain_csum[r0 : r0 + site.n_domains - lo]
+        # only the recorded domains' loads are averaged over the period: gather those when they are few
+        gather_rec = rec_d.size < site.n_domains // 2
+        domain_w_acc = np.zeros(rec_d.size if gather_rec else site.n_domains)
+        domain_rec = np.zeros(rec_d.size)
+        # the series, bound once
+        s_demand, s_load, s_campus = tick["demand_w"], tick["load_w"], tick["campus_w"]
+        s_bess, s_grid, s_pcc, s_freq = tick["bess_w"], tick["grid_w"], tick["pcc_limit_w"], tick["freq_hz"]
+        s_bess_soc, s_burn, s_bbu = tick["bess_soc_frac"], tick["floor_burn_w"], tick["bbu_w"]
+        s_bbu_min, s_bbu_mean = tick["bbu_soc_min_frac"], tick["bbu_soc_mean_frac"]
+        pcc_ramps, pcc_base = bool(self.pcc.ramps), self.pcc.base_w
+        # What is kept from tick to tick while its inputs stand still: which racks are energized (and the fixed part
+        # of their demand), the GPUs' caps and floors (gpus.version), the BBUs' charge (bbus.idle: nothing moved).
+        # A storage fault writes the BBUs' charge from outside, so with one in the scenario the charge is re-read.
+        energized_seen: npt.NDArray[np.bool_] | None = None
+        all_on = True
+        fixed_on = 0.0
+        gpus_seen = -1
+        floors_zero = False
+        caps_bind = False
+        storage_faults = any(isinstance(f.event, StorageFault) for f in self.faults.faults)
+        rack_soc = self.bbus.soc_frac
+        soc_fresh = False
+        soc_turns_due = True
+        k2_rec = self.breakers.pickup_k[rec_d] ** 2
+        bbu_soc_min = bbu_soc_mean = math.nan
         wall0 = time.perf_counter()
         last_progress = wall0
 
@@ -410,67 +468,114 @@ class Simulation:
 
             # plant
             self.faults.storage(t, self.trays, self.bbus, self.bess)
+            if energized is not energized_seen:  # the first tick
+                energized_seen = energized
+                all_on = bool(energized.all())
+                fixed_on = float(np.add.reduce(fixed * energized))
             self.workload.advance(dt, job_speed, self.job_suspend, energized)
-            demand = self.workload.rack_demand_w()
+            self.workload.rack_demand_w(demand)
             draw = self.gpus.step(t, dt, demand, energized)
-            rack_w = gain * draw + fixed
-            rack_w *= energized
-            tray_w = self.trays.step(dt, rack_w, energized)
+            np.multiply(gain, draw, out=rack_w)
+            rack_w += fixed
+            if not all_on:
+                rack_w *= energized
+            tray_w = self.trays.step(dt, rack_w, None if all_on else energized)
             grid_rack_w = self.bbus.step(dt, tray_w, self.bbu_threshold_w, self.bbu_recharge_w, energized)
             bess_w = self.bess.step(dt, self.bess_setpoint_w)
-            domain_w = site.domain_load_w(grid_rack_w)
+            # site.domain_load_w, into this tick's buffers
+            np.cumsum(grid_rack_w, out=domain_csum[1:])
+            np.take(domain_csum, d_stop, out=head_w)
+            np.take(domain_csum, d_start, out=head_hi)
+            head_w -= head_hi
+            np.subtract(csum_tail, csum_prev, out=tail_w)  # one rack each, in order: slices, not gathers
             campus_w = float(domain_w[0])
             grid_w = campus_w - bess_w
             if self.faults.faults and self.faults.islanded(t):
                 grid_w = 0.0  # on backup power: the racks run, the grid sees nothing
             # The campus domain is the PCC: the battery sits behind it, so its breaker and meter carry the net import.
             domain_w[0] = grid_w
-            tripped = self.breakers.step(t, dt, domain_w)
-            if tripped.any() or not energized.all():
-                energized = self.breakers.rack_energized()
+            self.breakers.step(t, dt, domain_w)
+            energized = self.breakers.rack_energized()  # the same array until a breaker opens or closes
+            if energized is not energized_seen:
+                energized_seen = energized
+                all_on = bool(energized.all())
+                fixed_on = float(np.add.reduce(fixed * energized))
             if freq_model is None:
                 freq_model = FrequencyModel(sc.grid, grid_w, dt)
             extra = float(replay_dev[k]) if replay_dev is not None else 0.0
             freq_hz = freq_model.step(grid_w + ext_load_w, extra)
 
             # throughput of each job: its slowest running rack
-            peak_w = self.workload.rack_peak_w()
-            held_w = self.gpus.power_limit_w(demand) if self.gpus_ramp_limited else self.gpus.cap_w
-            if self.job_racks.size and bool(np.any(held_w < peak_w)):
+            if self.gpus.version != gpus_seen:
+                gpus_seen = self.gpus.version
+                floors_zero = float(np.max(self.gpus.floor_w, initial=0.0)) <= 0.0
+                caps_bind = bool(self.job_racks.size) and bool(np.any(self.gpus.cap_w < peak_w))
+            if self.gpus_ramp_limited:
+                held_w = self.gpus.power_limit_w(demand)
+                binds = bool(self.job_racks.size) and bool(np.any(held_w < peak_w))
+            else:
+                held_w = self.gpus.cap_w
+                binds = caps_bind
+            if binds:
                 rack_speed = self.gpus.rack_speed_frac(peak_w, held_w)
                 job_speed = np.minimum.reduceat(rack_speed[self.job_racks], self.job_starts)
             else:
                 job_speed = full_speed  # no cap binds anywhere
 
             # telemetry and recording
-            self.ring[k % rows] = grid_rack_w
-            self.ring_load[k % rows] = rack_w
-            self.ring_grid[k % rows] = grid_w
-            domain_w_acc += domain_w
-            tick["demand_w"][k] = float(gain @ (demand * energized)) + float(fixed @ energized)
-            tick["load_w"][k] = rack_w.sum()
-            tick["campus_w"][k] = campus_w
-            tick["bess_w"][k] = bess_w
-            tick["grid_w"][k] = grid_w
-            tick["pcc_limit_w"][k] = self.pcc.at(t) if self.pcc.ramps else self.pcc.base_w
-            tick["freq_hz"][k] = freq_hz
-            tick["bess_soc_frac"][k] = self.bess.soc_frac
-            burn = np.maximum(draw - np.minimum(demand, self.gpus.cap_w), 0.0)
-            tick["floor_burn_w"][k] = float(active_over_eff @ burn)
-            tick["bbu_w"][k] = float(np.add.reduce(self.bbus.discharge_w) - np.add.reduce(self.bbus.recharge_w))
-            rack_soc = self.bbus.soc_frac  # a property that computes: once a tick, shared with the period record
+            row = k % rows
+            self.ring[row] = grid_rack_w
+            self.ring_load[row] = rack_w
+            self.ring_grid[row] = grid_w
+            if gather_rec:
+                np.take(domain_w, rec_d, out=domain_rec)
+                domain_w_acc += domain_rec
+            else:
+                domain_w_acc += domain_w
+            # Sums, not `gain @ demand`: numpy's @ on a long vector is BLAS's dot, which splits it over threads
+            # (OpenBLAS: above 10,000 racks): its last bit then depends on the machine's core count, and on a busy
+            # machine a threaded dot of 14k racks took a millisecond a tick.
+            np.multiply(gain, demand, out=demand_w)
+            if not all_on:
+                demand_w *= energized
+            s_demand[k] = float(np.add.reduce(demand_w)) + fixed_on
+            s_load[k] = np.add.reduce(rack_w)
+            s_campus[k] = campus_w
+            s_bess[k] = bess_w
+            s_grid[k] = grid_w
+            s_pcc[k] = self.pcc.at(t) if pcc_ramps else pcc_base
+            s_freq[k] = freq_hz
+            s_bess_soc[k] = self.bess.soc_frac
+            if floors_zero and not self.gpus_ramp_limited:
+                # draw = min(demand, cap) (or 0 where not energized): nothing burns above it
+                s_burn[k] = 0.0
+            else:
+                burn = np.maximum(draw - np.minimum(demand, self.gpus.cap_w), 0.0)
+                s_burn[k] = float(np.add.reduce(active_over_eff * burn))
+            bbus_idle = self.bbus.idle
+            if bbus_idle:
+                s_bbu[k] = 0.0
+            else:
+                s_bbu[k] = float(np.add.reduce(self.bbus.discharge_w) - np.add.reduce(self.bbus.recharge_w))
+            if not (bbus_idle and soc_fresh and not storage_faults):
+                rack_soc = self.bbus.soc_frac  # a property that computes: shared with the period record
+                soc_fresh = True
+                soc_turns_due = True
+                if any_bbu:
+                    bbu_soc = rack_soc[has_bbu]
+                    bbu_soc_min = bbu_soc.min()
+                    bbu_soc_mean = bbu_soc.mean()
             if any_bbu:
-                bbu_soc = rack_soc[has_bbu]
-                tick["bbu_soc_min_frac"][k] = bbu_soc.min()
-                tick["bbu_soc_mean_frac"][k] = bbu_soc.mean()
+                s_bbu_min[k] = bbu_soc_min
+                s_bbu_mean[k] = bbu_soc_mean
 
             if (k + 1) % tpp == 0 or k == n - 1:
                 p = k // tpp
                 cnt = (k % tpp) + 1
                 period_t[p] = (p * tpp) * dt
-                period["domain_w"][p] = domain_w_acc[rec_d] / cnt
+                period["domain_w"][p] = (domain_w_acc if gather_rec else domain_w_acc[rec_d]) / cnt
                 domain_w_acc[:] = 0.0
-                period["domain_thermal_frac"][p] = self.breakers.thermal_frac()[rec_d]
+                period["domain_thermal_frac"][p] = self.breakers.theta[rec_d] / k2_rec  # thermal_frac()[rec_d]
                 period["domain_limit_w"][p] = self.breakers.rating_w[rec_d]
                 if n_jobs:
                     first = self.job_first_rack
@@ -481,7 +586,9 @@ class Simulation:
                 period["rack_w"][p] = grid_rack_w[rec_r]
                 period["rack_cap_w"][p] = self.gpus.cap_w[rec_r]
                 period["bbu_soc_min_frac"][p] = rack_soc.min() if site.n_racks else np.nan
-                bbu_turns.update(rack_soc)
+                if soc_turns_due:  # (a second update with the same SoC changes nothing: skipped)
+                    bbu_turns.update(rack_soc)
+                    soc_turns_due = False
                 loaded_r = rack_w > 0
                 if loaded_r.any():
                     ride = np.where(has_bbu, self.bbus.stored_j * bbu_eff, 0.0)[loaded_r] / rack_w[loaded_r]

@@ -149,6 +149,10 @@ class BreakerBank:
         self._decay: FloatArray = np.ones(n)
         self._r2: FloatArray = np.zeros(n)
         self._next: FloatArray = np.zeros(n)
+        self._over: BoolArray = np.zeros(n, dtype=bool)
+        self._instant: BoolArray = np.zeros(n, dtype=bool)
+        self._none_tripped: BoolArray = np.zeros(n, dtype=bool)  # what a tick in which nothing trips returns
+        self._none_tripped.flags.writeable = False
 
     # ---- ratings -------------------------------------------------------------------------------------------
     def derate(self, domain_mask: BoolArray, factor: float) -> None:
@@ -205,7 +209,7 @@ class BreakerBank:
         Exact for a constant load over the tick (θ_end = r² + (θ − r²)·exp(−dt/τ)). A breaker that trips
         inside the tick is logged at its exact crossing time and carries no load (cools) for the rest of the
         tick; a tripped breaker recloses at the first tick starting at or after trip time + reclose_s.
-        Returns the mask of breakers that tripped during this tick.
+        Returns the mask of breakers that tripped during this tick (a shared read-only all-False array when none did).
         """
         if dt_s != self._dt_s:
             self._dt_s = dt_s
@@ -225,9 +229,13 @@ class BreakerBank:
         np.subtract(self.theta, r2, out=nxt)
         nxt *= self._decay
         nxt += r2
-        new = (nxt >= self._k2) | (r2 >= self._ii2)
-        if new.any():
-            self._trip(new, t_s, dt_s, r2, nxt)
+        new = np.greater_equal(nxt, self._k2, out=self._over)
+        np.logical_or(new, np.greater_equal(r2, self._ii2, out=self._instant), out=new)
+        if not np.logical_or.reduce(new):
+            np.copyto(self.theta, nxt)
+            return self._none_tripped
+        new = new.copy()
+        self._trip(new, t_s, dt_s, r2, nxt)
         np.copyto(self.theta, nxt)
         return new
 

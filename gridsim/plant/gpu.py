@@ -71,6 +71,8 @@ class GpuBank:
         self._primed = False  # the first step has no previous draw to ramp from (the plant starts settled)
         self._buf: FloatArray = np.zeros(n)
         self._tmp: FloatArray = np.zeros(n)
+        # bumped whenever cap_w or floor_w may have changed: what is computed from them can be kept until it moves
+        self.version = 0
 
     # ---- commands (once per control period) ----------------------------------------------------------------
 
@@ -105,6 +107,10 @@ class GpuBank:
             np.copyto(self.cap_w, self.cap_target_w)
             np.copyto(self.floor_w, self.floor_target_w)
             self._settling = False
+            self.version += 1
+        elif np.array_equal(self.cap_target_w, self.cap_w) and np.array_equal(self.floor_target_w, self.floor_w):
+            # already there: the lag would add (target - x)(1 - exp(-dt/tau)) = 0 to every value each tick
+            self._settling = False
         else:
             self._settling = True
             self._remaining_frac = 1.0
@@ -124,6 +130,7 @@ class GpuBank:
             while pending and pending[0][0] <= due:
                 _, cap, floor = pending.popleft()
                 self._merge(self.cap_w, self.floor_w, cap, floor)
+                self.version += 1
             return
         if not self._settling:
             return
@@ -131,6 +138,7 @@ class GpuBank:
             self._decay_dt_s = dt_s
             self._decay = math.exp(-dt_s / self.spec.tau_s)
         self._remaining_frac *= self._decay
+        self.version += 1
         if self._remaining_frac < _SETTLED_FRAC:
             np.copyto(self.cap_w, self.cap_target_w)
             np.copyto(self.floor_w, self.floor_target_w)

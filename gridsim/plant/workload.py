@@ -305,6 +305,8 @@ class Workload:
         self._any_susp = False
         self._suspend_req = np.zeros(n, dtype=bool)
         self._deenerg = np.zeros(n, dtype=bool)
+        self._energized_seen: BoolArray | None = None
+        self._all_energized = True
         self._any_deenerg = False
         # accounting in seconds per job (times GPUs on the way out), settled up to _settled_s
         self._settled_s = np.zeros(n)
@@ -323,9 +325,11 @@ class Workload:
         """(n_jobs,) doing training work now: RUNNING, or CHECKPOINT with an asynchronous write."""
         return self._running.copy()
 
-    def rack_demand_w(self) -> FloatArray:
-        """(n_racks,) per-active-GPU demand in W now, uncapped; idle_w (or background) where nothing runs."""
-        out: FloatArray = self._level_w[self._rack_slot]
+    def rack_demand_w(self, out: FloatArray | None = None) -> FloatArray:
+        """(n_racks,) per-active-GPU demand in W now, uncapped; idle_w (or background) where nothing runs.
+
+        Written into `out` when given (the engine's per-tick buffer), else into a new array."""
+        out = np.take(self._level_w, self._rack_slot, out=out)
         if self._bg_on:
             out[self._bg_rack] = self._bg_level_w
         return out
@@ -376,13 +380,18 @@ class Workload:
         dt = float(dt_s)
         if not dt >= 0.0:
             raise ValueError(f"dt_s must be >= 0 (got {dt_s})")
-        if not rack_energized.all():
+        if rack_energized is not self._energized_seen:
+            # a read-only mask (the breakers') cannot change under us: reduced once, not every tick
+            self._energized_seen = None if rack_energized.flags.writeable else rack_energized
+            self._all_energized = bool(np.logical_and.reduce(rack_energized))
+        if not self._all_energized:
             self._power_lost(rack_energized)
         elif self._any_deenerg:
             self._deenerg[:] = False
             self._any_deenerg = False
             self._power_back()
-        if (self._any_susp or job_suspend.any()) and np.where(job_suspend, self._live, self._susp).any():
+        any_suspend = self._any_susp or bool(np.logical_or.reduce(job_suspend))
+        if any_suspend and np.where(job_suspend, self._live, self._susp).any():
             self._apply_suspend(job_suspend)
         np.copyto(self._suspend_req, job_suspend)
 
@@ -392,7 +401,7 @@ class Workload:
         self._progress_s += step
         self._iter_phase_s += step
         wrapped = self._iter_phase_s >= self._iter_len_s
-        if wrapped.any():
+        if np.logical_or.reduce(wrapped):
             self._wrap(np.flatnonzero(wrapped))
         if self._bg_on:
             self._advance_background(dt)
@@ -690,7 +699,7 @@ class Workload:
                 if self._has_failures:
                     self._fail(t)
             ck = self._progress_s >= self._ck_due_s
-            if ck.any():  # only RUNNING jobs begin one (a resumed job catches up once it runs)
+            if np.logical_or.reduce(ck):  # only RUNNING jobs begin one (a resumed job catches up once it runs)
                 idx = np.flatnonzero(ck & (self.job_state == JobState.RUNNING))
                 if idx.size:
                     self._snapshot_s[idx] = self._progress_s[idx]
