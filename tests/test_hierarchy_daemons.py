@@ -360,7 +360,9 @@ class SlowBus:
         await self.bus.close()
 
 
-def run_hierarchy(tmp_path: Path, duration_s: float, script: Script, link_delay_s: float = 0.0) -> HierarchyRun:
+def run_hierarchy(
+    tmp_path: Path, duration_s: float, script: Script, link_delay_s: float = 0.0, building_period_s: float = 1.0
+) -> HierarchyRun:
     path = tmp_path / "two.toml"
     path.write_text(SCENARIO.format(duration=duration_s))
     loaded = load_scenario(path)
@@ -376,6 +378,8 @@ def run_hierarchy(tmp_path: Path, duration_s: float, script: Script, link_delay_
             ready = {name: asyncio.Event() for name in ("b0", "b1")}
             for name, (lo, hi) in (("b0", (0, 8)), ("b1", (8, 16))):
                 cfg = building_config(flat, name, lo, hi, {}, 0.97 * 0.5, tmp_path / name)
+                period = {"period_s": building_period_s, "read_timeout_s": 0.9 * building_period_s}
+                cfg["daemon"] = cfg["daemon"] | period
                 d = Daemon(validate_config(cfg, name, tmp_path), speed=SPEED, metrics_address=None,
                            on_started=lambda _d, e=ready[name]: e.set())  # fmt: skip
                 buildings[name] = d
@@ -503,6 +507,15 @@ def test_a_lost_building_daemon_is_planned_at_its_worst_case(tmp_path: Path) -> 
     # is held outside the window that measures it
     expiry = 30.0 + LEASE_S
     assert_held(run, ramp_except=(expiry - 2.0, expiry + run.srv.site.ramp_window_s + 2.0))
+
+
+@pytest.mark.slow
+def test_buildings_at_twice_their_coordinators_rate_keep_every_limit(tmp_path: Path) -> None:
+    run = run_hierarchy(tmp_path, 70.0, _nothing, building_period_s=0.5)
+    for d in run.buildings.values():
+        assert d.n_cycles >= 2 * run.coordinator.n_cycles - 10  # (each at its own period)
+        assert d.building is not None and d.building.server.lease_expiries == 0
+    assert_held(run)
 
 
 @pytest.mark.slow
