@@ -38,6 +38,7 @@ from dimmer.control.campus_battery import bess_room, campus_level, soc_pull_w
 from dimmer.control.filters import LowPass, Window, progressive_cut_w
 from dimmer.control.peak_readings import PeakReadings
 from dimmer.control.plausibility import PHRASES, PccCheck
+from dimmer.control.rack_math import RackMath
 from dimmer.control.rack_storage import BbuPolicy
 from dimmer.control.ramp_room import RampRoom, ReturnHold
 from dimmer.control.start_room import start_ceiling_w
@@ -140,6 +141,8 @@ class DimmerController:
         self.p = params
         gpu = site.gpu
         self.eta = site.rectifier_eff
+        self.rm = RackMath(site)  # the site's rack arithmetic, its constants worked out once
+        self.job_racks = site.rack_job >= 0
         self.gpus = job_gpus_per_domain(site)  # (n_domains, n_jobs)
         self.groups = priority_groups(site.job_priority)
         self.running_rack = (site.rack_job >= 0) & ~site.rack_is_spare
@@ -210,7 +213,7 @@ class DimmerController:
             params.pcc_stuck_s,
             generation_w=params.behind_meter_generation_w,
         )
-        self.rack_max_w = site.rack_max_w()
+        self.rack_max_w = self.rm.rack_max_w
         # rack -> the domains above it (CSR rows), for the floors' bound
         self._rack_domains = sp.csr_array(site.incidence.T)
         self._rack_domains.sort_indices()
@@ -241,7 +244,7 @@ class DimmerController:
         """Each rack's per-GPU cap: its job's, or rated for racks with no job."""
         if not self.site.n_jobs:
             return np.full(self.site.n_racks, self.site.gpu.rated_w)
-        out: FloatArray = np.where(self.site.rack_job >= 0, self.cap_w[self.job_rack], self.site.gpu.rated_w)
+        out: FloatArray = np.where(self.job_racks, self.cap_w[self.job_rack], self.site.gpu.rated_w)
         return out
 
     def _job_reduce(self, ufunc: np.ufunc, rack_values: FloatArray | BoolArray, out: FloatArray | BoolArray) -> None:
@@ -249,6 +252,13 @@ class DimmerController:
         if self._run_order.size:
             seg = ufunc.reduceat(rack_values[self._run_order], self._run_starts)
             out[self._run_jobs] = ufunc(out[self._run_jobs], seg)
+
+    def _domain_rise_w(self, up: FloatArray) -> FloatArray:
+        """What per-GPU cap rises `up` (per job) add to each domain (W; none where no job rises)."""
+        if not up.any():
+            return np.zeros(self.site.n_domains)
+        out: FloatArray = self.gpus @ up / self.eta
+        return out
 
     def _caps_bind(self, gpu_env_w: FloatArray) -> bool:
         """Some running job's cap holds it below what it would draw: its racks' envelope reaches the cap (a cap
@@ -261,14 +271,17 @@ class DimmerController:
         self._job_reduce(np.maximum, gpu_env_w, job_peak)
         return bool(np.any(capped & (job_peak >= self.cap_w - self.p.cap_rise_w_per_s * self.p.period_s)))
 
-    def _job_hidden_frac(self, gpu_env_w: FloatArray) -> FloatArray:
+    def _job_hidden_frac(
+        self, gpu_env_w: FloatArray, rack_caps: FloatArray, rack_peak_w: FloatArray, rack_trough_w: FloatArray
+    ) -> FloatArray:
         """Per job, the share of its peak its readings may hide: `hidden_peak_frac` where its racks' window shows a
-        swing, none where every one of its racks read flat across the window (spread within `flat_frac`)."""
+        swing, none where every one of its racks read flat across the window (spread within `flat_frac`; the
+        window's peak and trough each rack read, NaN where none)."""
         site, p = self.site, self.p
         # (a reading above the rack's cap in force tells nothing of how it swings now: a rack cut from a flat 1,400 W
         # to 1,352 W read a 48 W spread across its window, its own cut taken for a swing)
-        peak = np.fmin(site.gpu_draw_for_rack_w(self.rack_env.peak()), self._rack_caps())
-        trough = site.gpu_draw_for_rack_w(self.rack_env.trough())
+        peak = np.fmin(self.rm.gpu_draw_for_rack_w(rack_peak_w), rack_caps)
+        trough = self.rm.gpu_draw_for_rack_w(rack_trough_w)
         spread = np.where(np.isfinite(peak) & np.isfinite(trough), peak - trough, np.inf)
         swings = ~(spread <= p.flat_frac * np.fmax(gpu_env_w, 0.0))
         job_swings = np.zeros(site.n_jobs, dtype=bool)
@@ -303,7 +316,7 @@ class DimmerController:
         for again in (True, True, False):  # two passes more, then what is still unmet
             new_cap = (effective - reduction)[self.job_rack]
             gives = np.where(flat_rack, np.maximum(draw_w - new_cap, 0.0), reduction[self.job_rack])
-            given_w = site.domain_load_w(gpus_rack * gives) / self.eta
+            given_w = self.rm.domain_load_w(gpus_rack * gives) / self.eta
             short_w = np.where(cut > 0, np.maximum(cut - given_w, 0.0), 0.0)
             unmet = np.where(short_w > 1e-6 * np.maximum(cut, 1.0), short_w, 0.0)  # (not float dust)
             if not (again and np.any(unmet > 0)):
@@ -380,10 +393,10 @@ class DimmerController:
         excess_gpu = np.where(job_racks, np.maximum(floor_w - base_gpu_w, 0.0), 0.0)
         if not excess_gpu.any():
             return floor_w
-        base_rack = np.where(job_racks, site.rack_power_w(base_gpu_w), load_env)
-        base = site.domain_load_w(base_rack)
+        base_rack = np.where(job_racks, self.rm.rack_power_w(base_gpu_w), load_env)
+        base = self.rm.domain_load_w(base_rack)
         base[0] -= bess_w
-        added = site.domain_load_w(site.rack_active_gpus * excess_gpu / self.eta)
+        added = self.rm.domain_load_w(site.rack_active_gpus * excess_gpu / self.eta)
         room = np.maximum(limit - base, 0.0)
         share = np.where(added > room, room / np.maximum(added, 1e-9), 1.0)
         # the smallest share among the domains above each rack (every rack is under the campus: no empty segment)
@@ -420,15 +433,16 @@ class DimmerController:
         unheard = ~np.isfinite(self.rack_last_w)
         held = np.where(unheard, obs.t_s - self.first_t_s, obs.t_s - self.rack_seen_t_s) <= p.stale_s
         rack_ok = (obs.rack_age_s <= p.stale_s) & held
-        rack_w = np.where(np.isfinite(self.rack_last_w), self.rack_last_w, site.rack_max_w())
-        from_racks = site.domain_load_w(rack_w)
+        rack_w = np.where(np.isfinite(self.rack_last_w), self.rack_last_w, self.rack_max_w)
+        from_racks = self.rm.domain_load_w(rack_w)
         dom_ok = np.isfinite(obs.domain_power_w) & (obs.domain_age_s <= p.stale_s)
         domain_w = np.where(dom_ok, obs.domain_power_w, from_racks)
         pcc_ok = math.isfinite(obs.pcc_power_w) and obs.pcc_age_s <= p.stale_s
         # the campus domain is the PCC: its meter and breaker carry the import, net of the battery behind it; the
         # reading is held to what the racks report, and where it is missing or implausible the racks stand in
         bess_now_w = obs.bess_power_w if obs.bess_online and math.isfinite(obs.bess_power_w) else 0.0
-        unknown_w = float(self.rack_max_w @ (~rack_ok | unheard))
+        unknown = ~rack_ok | unheard
+        unknown_w = float(self.rack_max_w @ unknown.astype(np.float64)) if unknown.any() else 0.0
         pcc = self.pcc_check.update(
             obs.pcc_power_w, pcc_ok, float(from_racks[0]), bess_now_w, unknown_w, obs.pcc_limit_w, dt
         )
@@ -441,17 +455,19 @@ class DimmerController:
         # the racks' own load (before their BBUs): what the GPUs draw, what the BBUs must follow
         load_ok = rack_ok & np.isfinite(obs.rack_load_w)
         load_w = np.where(load_ok, obs.rack_load_w, np.nan)
-        load_env = self.rack_env.update(load_w)
-        load_env = np.where(np.isfinite(load_env), load_env, rack_w)
-        peak_seen = self.peaks.update(obs.rack_load_peak_w, obs.t_s, load_ok, load_w, self.rack_env.trough())
+        rack_peak_w = self.rack_env.update(load_w)
+        rack_trough_w = self.rack_env.trough()
+        load_env = np.where(np.isfinite(rack_peak_w), rack_peak_w, rack_w)
+        peak_seen = self.peaks.update(obs.rack_load_peak_w, obs.t_s, load_ok, load_w, rack_trough_w)
         limit = np.asarray(obs.domain_limit_w, dtype=np.float64).copy()
 
         # Readings lag the caps by a period or two: what the racks can draw under the caps in force now bounds
         # every estimate below, or a cut already made would be made again every period until the readings catch up.
-        job_racks = site.rack_job >= 0
-        gpu_env = site.gpu_draw_for_rack_w(load_env)
-        under_caps = np.where(job_racks, site.rack_power_w(np.minimum(gpu_env, self._rack_caps())), load_env)
-        under_caps_w = site.domain_load_w(under_caps)
+        job_racks = self.job_racks
+        rack_caps = self._rack_caps()  # (the caps in force: this period's are decided below)
+        gpu_env = self.rm.gpu_draw_for_rack_w(load_env)
+        under_caps = np.where(job_racks, self.rm.rack_power_w(np.minimum(gpu_env, rack_caps)), load_env)
+        under_caps_w = self.rm.domain_load_w(under_caps)
 
         # What each rack may draw before its BBU this period. 1 s readings hide a swing's peaks, and a job that
         # stopped (a checkpoint stall, a crash) may return in one tick. So a job rack counts at its highest reading
@@ -474,11 +490,11 @@ class DimmerController:
         # (a cap binds where the job's peaks reach it, which its means may not show: counted as free, a cap held
         # at a swing's peak let the battery recharge into the room the job needed to come back, and meter-spike's
         # job stayed capped 360 s after the spike, 0.51 % of its GPU time)
-        gpu_peak_env = np.fmax(gpu_env, site.gpu_draw_for_rack_w(self.peaks.held_w))
+        gpu_peak_env = np.fmax(gpu_env, self.rm.gpu_draw_for_rack_w(self.peaks.held_w))
         # (the higher of the cap commanded and the cap the GPUs report enforcing: a rack whose writes are lost, or
         # whose firmware ignores them, draws to the cap it has, not the one it was sent)
         enforced_w = np.where(np.isfinite(obs.rack_cap_w), obs.rack_cap_w, gpu.rated_w)
-        at_caps = site.rack_power_w(np.maximum(self._rack_caps(), enforced_w))
+        at_caps = self.rm.rack_power_w(np.maximum(rack_caps, enforced_w))
         # (never above what the rack can draw under its cap: readings lag a cut, and would have it made again)
         hidden = np.fmin(at_caps, np.fmax(self.long_env_w * (1.0 + p.hidden_peak_frac), load_env))
         bound_rack = np.where(job_rack_now, hidden, load_env)
@@ -493,38 +509,37 @@ class DimmerController:
         down = np.zeros(site.n_racks, dtype=bool)  # job racks whose job is not running
         stopped = down  # and those, with the racks of jobs that ran again only in the last few periods
         bridged_w = np.zeros(site.n_racks)  # what their BBUs may carry of a return
-        return_to_w = np.full(site.n_racks, np.inf)  # the most each would draw back below its caps (inf: its caps)
         return_w = return_gpus = 0.0  # what the racks of stopped jobs would add back, on how many GPUs
         if n_jobs:
             down = job_rack_now & ~obs.job_running[self.job_rack]
-            back_w = np.where(down, np.maximum(np.nan_to_num(self.long_env_w) - load_env, 0.0), 0.0)
-            return_w = float(back_w.sum())
-            return_gpus = float(site.rack_active_gpus[down].sum())
+            if down.any():
+                back_w = np.where(down, np.maximum(np.nan_to_num(self.long_env_w) - load_env, 0.0), 0.0)
+                return_w = float(back_w.sum())
+                return_gpus = float(site.rack_active_gpus[down].sum())
             # (and for four periods after its job runs again: the readings show a return a period late, and the
             # battery may still be charging under the bound the BBU held)
             self.job_run_since_s = np.where(obs.job_running, np.fmin(self.job_run_since_s, obs.t_s), np.inf)
             settling = obs.t_s - self.job_run_since_s < 4.0 * p.period_s
             stopped = job_rack_now & (~obs.job_running | settling)[self.job_rack]
             self.ran_at_w = np.where(job_rack_now & ~stopped, self.long_env_w, self.ran_at_w)
-            # (from this period's reading: the envelope still holds the draw from before the stop for its window)
-            now_w = np.fmin(at_caps, np.where(np.isfinite(load_w), load_w, load_env) * (1.0 + p.hidden_peak_frac))
-            shield = stopped & self.bbus.can_hold(obs.rack_bbu_soc_frac, bound_rack)
-            # a rack whose job runs again is held where its guard was (not at its rising reading) until the cut
-            # against the unguarded bound makes room: the guard then rises only by the room the battery leaves
-            settle = (obs.job_running & settling)[self.job_rack] & np.isfinite(self.prev_guard_w)
-            now_w = np.where(settle, np.fmin(now_w, self.prev_guard_w), now_w)
-            shielded_w = np.fmin(np.fmax(now_w, bound_rack - self.bbus.power_w), at_caps)
-            guard_extra_w = np.where(shield, np.maximum(bound_rack - shielded_w, 0.0), 0.0)
-            # the guard holds no lower than the BBU's wear allowance affords if the rack came back at its caps (a
-            # start it bridged on a short run would spend days of cycles); the start ceiling makes room for the rest
-            bridged_w = np.where(shield, np.fmin(self.bbus.affordable_w(p.period_s), self.bbus.power_w), 0.0)
-            guard_w = np.where(shield, np.fmax(shielded_w, at_caps - bridged_w), np.inf)
-            back = shield & (obs.job_running & settling)[self.job_rack]
-            returning_w = float(np.sum(np.where(back, guard_extra_w, 0.0)))
-            bound_rack = np.where(shield, shielded_w, bound_rack)
-            # a stopped job comes back to what its racks drew when it last ran (their held peak, with the peaks the
-            # readings hide), at most its caps; to its caps where it has not run since this controller started
-            return_to_w = np.where(np.isfinite(self.ran_at_w), self.ran_at_w * (1.0 + p.hidden_peak_frac), np.inf)
+            if stopped.any():
+                # (from this period's reading: the envelope still holds the draw from before the stop for its window)
+                now_w = np.fmin(at_caps, np.where(np.isfinite(load_w), load_w, load_env) * (1.0 + p.hidden_peak_frac))
+                shield = stopped & self.bbus.can_hold(obs.rack_bbu_soc_frac, bound_rack)
+                # a rack whose job runs again is held where its guard was (not at its rising reading) until the cut
+                # against the unguarded bound makes room: the guard then rises only by the room the battery leaves
+                settle = (obs.job_running & settling)[self.job_rack] & np.isfinite(self.prev_guard_w)
+                now_w = np.where(settle, np.fmin(now_w, self.prev_guard_w), now_w)
+                shielded_w = np.fmin(np.fmax(now_w, bound_rack - self.bbus.power_w), at_caps)
+                guard_extra_w = np.where(shield, np.maximum(bound_rack - shielded_w, 0.0), 0.0)
+                # the guard holds no lower than the BBU's wear allowance affords if the rack came back at its caps (a
+                # start it bridged on a short run would spend days of cycles); the start ceiling makes room for the rest
+                if shield.any():
+                    bridged_w = np.where(shield, np.fmin(self.bbus.affordable_w(p.period_s), self.bbus.power_w), 0.0)
+                guard_w = np.where(shield, np.fmax(shielded_w, at_caps - bridged_w), np.inf)
+                back = shield & (obs.job_running & settling)[self.job_rack]
+                returning_w = float(np.sum(np.where(back, guard_extra_w, 0.0)))
+                bound_rack = np.where(shield, shielded_w, bound_rack)
         # the campus also carries what no rack meter sees (the overhead the PCC shows) and the BBUs' recharge
         overhead_w = max(float(domain_w[0]) + bess_now_w - float(from_racks[0]), 0.0)
         campus_bound_w = float(np.sum(bound_rack)) + overhead_w + float(self.bbus.recharge_w.sum())
@@ -686,16 +701,15 @@ class DimmerController:
         # at the PCC the battery holds the level up to the grid target's ceiling; caps dim only the rest
         soft[0] = p.pcc_margin_frac * limit[0]
         cut = progressive_cut_w(env, soft, limit)
-        thermal = np.nan_to_num(obs.domain_thermal_frac, nan=0.0)
+        # (a breaker's thermal state, where it reports one: NaN compares as no emergency, as a state of 0 would)
+        hot = obs.domain_thermal_frac >= p.thermal_emergency_frac
         over = env >= p.emergency_frac * limit
-        emergency = over | (thermal >= p.thermal_emergency_frac)
+        emergency = over | hot
         emergency[0] = seen_w >= p.emergency_frac * limit[0]  # the bound is a worst case, not a reading
         cut = np.where(emergency, np.maximum(cut, env - soft), cut)
         # (how far the import may fall from its level now, as the ramp rule measures it)
         fall_room_w = max(min(bus_w, bus_now_w) - bess_w - room_lo_w, 0.0)
-        cut, paced = self._pace_cuts(
-            cut, env, soft, limit, over & ~(thermal >= p.thermal_emergency_frac), obs, ramp_step, fall_room_w
-        )
+        cut, paced = self._pace_cuts(cut, env, soft, limit, over & ~hot, obs, ramp_step, fall_room_w)
         # the campus is cut to its bound below, once the jobs' other cuts are known; here the readings and the ramp
         cut[0] = max(grid_cut, seen_w - soft[0] if emergency[0] else 0.0)
         release = soft - (p.soft_frac - p.release_frac) * limit
@@ -719,7 +733,7 @@ class DimmerController:
         threshold, recharge, relief_rack = self.bbus.step(
             dt, obs.rack_bbu_soc_frac, bound_rack, scale, rack_room, ramp_rise_w, guard_w
         )
-        relief = site.domain_load_w(relief_rack)
+        relief = self.rm.domain_load_w(relief_rack) if relief_rack.any() else np.zeros(site.n_domains)
         self.prev_guard_w = np.where(np.isfinite(guard_w), guard_w, np.inf)
         cut_campus = cut[0]
         cut = np.where(emergency, cut, np.maximum(cut - relief, 0.0))
@@ -766,7 +780,7 @@ class DimmerController:
             # (its peak and the share a swing may hide; none where its readings are flat, a load that does not
             # swing) holds nothing: cut from there, or the first cuts are spent above the draw and a rack over its
             # rating waits a window more for its cut (found by the stateful machine at its long profile).
-            hidden_frac = self._job_hidden_frac(gpu_env)
+            hidden_frac = self._job_hidden_frac(gpu_env, rack_caps, rack_peak_w, rack_trough_w)
             job_peak_bound = np.minimum(gpu.rated_w, job_peak * (1.0 + hidden_frac))
             effective = np.where(
                 self.cap_w < gpu.rated_w, np.minimum(self.cap_w, job_peak_bound), np.minimum(gpu.rated_w, job_peak)
@@ -776,8 +790,9 @@ class DimmerController:
             reduction, unmet = self._shed_past_the_draw(cut, reduction, unmet, effective, room, hidden_frac, gpu_env)
             new_cap = np.where(reduction > 0, effective - reduction, self.cap_w)
             # the interconnect against its bound: the live racks at these caps, after the battery and the BBUs
-            live_gpus = self._live_gpus(live_rack)
-            bound_w = cut_bound_w + float(live_gpus @ (new_cap - self.cap_w)) / self.eta
+            cap_change = new_cap - self.cap_w
+            live_gpus = self._live_gpus(live_rack) if cap_change.any() else None  # (no change: it moves nothing)
+            bound_w = cut_bound_w + (0.0 if live_gpus is None else float(live_gpus @ cap_change)) / self.eta
             # (the measured bound against the battery now, the prior's against the cover the battery is taking on;
             # where every job rack's peak is measured, the margin under the limit is the cover's to make as well)
             measured_ceiling_w = pcc_limit_w if all_measured else float(soft[0])
@@ -786,6 +801,7 @@ class DimmerController:
             )
             over_w -= float(relief[0])
             if over_w > 0:
+                live_gpus = self._live_gpus(live_rack) if live_gpus is None else live_gpus
                 more, left = shed(np.array([over_w]), live_gpus[None, :], np.maximum(new_cap - gpu.min_cap_w, 0.0),
                                   self.groups, self.eta)  # fmt: skip
                 new_cap = new_cap - more
@@ -828,36 +844,45 @@ class DimmerController:
             # kW on a 220 kW row). A job back from its start ceiling has the campus's too, its whole width: it is
             # where a cut from above would have left it, had it come back at its old cap.
             more_want = np.where(reduction <= 0, np.maximum(want - up, 0.0), 0.0)
-            band_left_w = np.maximum(soft - np.maximum(release, seen_level_w), 0.0)
+            rise_w = self._domain_rise_w(up)
             for from_ceiling in (True, False) if back_up.any() else (False,):
+                asking = np.where(back_up == from_ceiling, more_want, 0.0)
+                if not np.any(asking > 0):
+                    continue  # (nothing asked: the grant is none)
+                band_left_w = np.maximum(soft - np.maximum(release, seen_level_w), 0.0)
                 # (the campus's own band only for a job back from its start ceiling: the campus's headroom is
                 # also the ramp rule's room, which a band on top of it would overrun)
                 band_left_w[0] = max(float(soft[0] - release[0]), 0.0) if from_ceiling else 0.0
-                band_w = np.where(cut > 0, 0.0, headroom - self.gpus @ up / self.eta + band_left_w)
-                asking = np.where(back_up == from_ceiling, more_want, 0.0)
-                up = up + grant(np.maximum(band_w, 0.0), self.gpus, asking, self.groups, self.eta)
+                band_w = np.where(cut > 0, 0.0, headroom - rise_w + band_left_w)
+                more = grant(np.maximum(band_w, 0.0), self.gpus, asking, self.groups, self.eta)
+                up = up + more
+                if more.any():
+                    rise_w = self._domain_rise_w(up)
             self.recent_rise_w = np.roll(self.recent_rise_w, 1, axis=0)
-            self.recent_rise_w[0] = self.gpus @ up / self.eta
+            self.recent_rise_w[0] = rise_w
             new_cap = new_cap + up
             # a stopped job is held where its return fits what is left under the soft levels, with the battery's
             # charge where it is: the return arrives within a tick, the battery's release a period later
-            planned_w = env + self.recent_rise_w[0]
-            planned_w[0] = import_w + held_up_w + self.recent_rise_w[0][0]
-            room_w = soft - planned_w
             unceiled_w = new_cap
-            new_cap = start_ceiling_w(
-                site,
-                new_cap,
-                obs.job_running,
-                down,
-                np.fmin(load_env, bound_rack),
-                np.where(np.isfinite(guard_w), np.clip(at_caps - guard_w, 0.0, bridged_w), 0.0),
-                room_w,
-                self.gpus,
-                self.groups,
-                self.eta,
-                return_to_w,
-            )
+            if down.any() and not obs.job_running.all():
+                planned_w = env + self.recent_rise_w[0]
+                planned_w[0] = import_w + held_up_w + self.recent_rise_w[0][0]
+                # a stopped job comes back to what its racks drew when it last ran (their held peak, with the peaks
+                # the readings hide), at most its caps; to its caps where it has not run since this controller began
+                return_to_w = np.where(np.isfinite(self.ran_at_w), self.ran_at_w * (1.0 + p.hidden_peak_frac), np.inf)
+                new_cap = start_ceiling_w(
+                    site,
+                    new_cap,
+                    obs.job_running,
+                    down,
+                    np.fmin(load_env, bound_rack),
+                    np.where(np.isfinite(guard_w), np.clip(at_caps - guard_w, 0.0, bridged_w), 0.0),
+                    soft - planned_w,
+                    self.gpus,
+                    self.groups,
+                    self.eta,
+                    return_to_w,
+                )
             # once it runs again, it goes back to the cap the ceiling took from it as fast as the headroom allows
             # (not at the slow rise: the ceiling was for the tick of its return, which the battery has now met)
             self.ceiled_from_w = np.where(
@@ -884,13 +909,15 @@ class DimmerController:
         cutting[0] = False
         # a floor starts from the swing's trough (the least recent reading), not from a reading: floored from a 1 s
         # mean, the troughs below it are filled and the level the next reading shows is lifted by the floor itself
-        trough_w = self.rack_env.trough()
-        draw_now = site.gpu_draw_for_rack_w(np.where(np.isfinite(trough_w), np.fmin(trough_w, rack_w), rack_w))
+        trough_w = rack_trough_w
+        draw_now = self.rm.gpu_draw_for_rack_w(np.where(np.isfinite(trough_w), np.fmin(trough_w, rack_w), rack_w))
         capped_running = np.zeros(site.n_racks, dtype=bool)
         if n_jobs:
             job_held = obs.job_running & (self.cap_w < gpu.rated_w)
             capped_running = job_racks & job_held[self.job_rack]
-        fillable = job_racks & ~capped_running & ~(site.incidence.T @ cutting.astype(np.float64) > 0)
+        fillable = job_racks & ~capped_running
+        if cutting.any():
+            fillable &= ~(self._rack_domains @ cutting.astype(np.float64) > 0)
         n_fill = float(np.sum(site.rack_active_gpus[fillable]))
         floor_release = self.floor_release_w_per_s * dt
         # (nor while the campus itself is cut: a floor would burn energy in the room its caps are clearing, as under
@@ -898,7 +925,7 @@ class DimmerController:
         if fill_w > fill_deadband_w and n_fill > 0 and cut[0] <= 0:
             lift = fill_w * self.eta / n_fill
             # no domain is filled past its soft threshold: bound the lift by each domain's room over its fill GPUs
-            fill_gpus = site.domain_load_w(np.where(fillable, site.rack_active_gpus, 0).astype(np.float64))
+            fill_gpus = self.rm.domain_load_w(np.where(fillable, site.rack_active_gpus, 0).astype(np.float64))
             # (at the campus against the readings: a floor holds a rack below what it drew running, so it does not
             # raise the bound the interconnect is held on; _bound_floors keeps the plan under the limit)
             env_fill = env.copy()
@@ -914,7 +941,7 @@ class DimmerController:
             self.floor_w = np.maximum(self.floor_w - floor_release, 0.0)  # released at the ramp limit
         self.floor_w = np.minimum(self.floor_w, rack_cap)  # a floor never holds a GPU above its cap
         # what each job rack is planned to draw under its cap without a floor: the base every floor is measured from
-        planned_gpu = np.where(job_racks, np.minimum(site.gpu_draw_for_rack_w(load_env), rack_cap), 0.0)
+        planned_gpu = np.where(job_racks, np.minimum(gpu_env, rack_cap), 0.0)
         self.floor_w = self._bound_floors(self.floor_w, planned_gpu, load_env, limit, bess_w)
         floor = gpu.clamp_floor_w(self.floor_w)
 
@@ -923,8 +950,8 @@ class DimmerController:
             reasons.append(Reason("rack-storage", what, value_w=float(relief_rack.sum())))
 
         # planned load of every domain under these caps and floors, for the audit and the safety check
-        planned_rack = np.where(job_racks, site.rack_power_w(np.maximum(planned_gpu, floor)), load_env)
-        planned = site.domain_load_w(planned_rack)
+        planned_rack = np.where(job_racks, self.rm.rack_power_w(np.maximum(planned_gpu, floor)), load_env)
+        planned = self.rm.domain_load_w(planned_rack)
         over = (planned > obs.domain_limit_w) & ~paced
         carried = over & (relief > 0)  # the BBUs under it take the excess this period: load was left, not shed
         if carried.any():
@@ -940,7 +967,8 @@ class DimmerController:
         # a guard holds no lower than its rack at the caps it now has, less what its BBU may afford to bridge (the
         # caps of a job that runs again may have risen past those the guard was set under)
         guarded = np.isfinite(threshold) & (relief_rack <= 0) & (bridged_w < self.bbus.power_w)
-        threshold = np.where(guarded, np.fmax(threshold, site.rack_power_w(rack_cap) - bridged_w), threshold)
+        if guarded.any():
+            threshold = np.where(guarded, np.fmax(threshold, self.rm.rack_power_w(rack_cap) - bridged_w), threshold)
         return Actions(
             rack_cap_w=rack_cap,
             rack_floor_w=floor,

@@ -21,9 +21,13 @@ class Window:
     def __init__(self, n: int, length: int) -> None:
         self._buf = np.full((max(length, 1), n), np.nan)
         self._i = 0
+        # the samples written by `update` that hold no NaN: a window of those has its RMS in one pass (a buffer
+        # written from outside, a restored state, counts as holding NaN until each sample is written anew)
+        self._whole = np.zeros(self._buf.shape[0], dtype=bool)
 
     def update(self, x: FloatArray) -> FloatArray:
         self._buf[self._i] = x
+        self._whole[self._i] = not np.isnan(self._buf[self._i]).any()
         self._i = (self._i + 1) % self._buf.shape[0]
         return self.peak()
 
@@ -40,14 +44,19 @@ class Window:
     def rms_recent(self, k: int) -> FloatArray:
         """The root-mean-square over the newest `k` samples only (NaN where they hold none)."""
         k = min(max(k, 1), self._buf.shape[0])
-        return _rms(self._buf[(self._i - 1 - np.arange(k)) % self._buf.shape[0]])
+        idx = (self._i - 1 - np.arange(k)) % self._buf.shape[0]
+        return _rms(self._buf[idx], bool(self._whole[idx].all()))
 
     def rms(self) -> FloatArray:
-        return _rms(self._buf)
+        return _rms(self._buf, bool(self._whole.all()))
 
 
-def _rms(rows: FloatArray) -> FloatArray:
-    """Root-mean-square down the first axis, NaN samples left out (NaN where a column holds none)."""
+def _rms(rows: FloatArray, whole: bool = False) -> FloatArray:
+    """Root-mean-square down the first axis, NaN samples left out (NaN where a column holds none). `whole`: the
+    rows hold no NaN (the same sums, without the masks)."""
+    if whole:
+        out_whole: FloatArray = np.sqrt((rows**2).sum(axis=0) / float(rows.shape[0]))
+        return out_whole
     valid = ~np.isnan(rows)
     count = valid.sum(axis=0)
     sq = np.where(valid, rows, 0.0) ** 2
@@ -92,6 +101,8 @@ def progressive_cut_w(envelope_w: FloatArray, soft_w: FloatArray, hard_w: FloatA
     quad = over * over / (2.0 * span)
     lin = envelope_w - 0.5 * (hard_w + soft_w)
     out: FloatArray = np.where(envelope_w > hard_w, lin, quad)
+    if np.isfinite(out).all():
+        return out
     return np.nan_to_num(out, nan=0.0)
 
 
@@ -178,7 +189,7 @@ class SwingLevel:
         self.stepped = False
         if math.isnan(x):
             return self.level()
-        self._hist = np.roll(self._hist, -1)
+        self._hist[:-1] = self._hist[1:]  # (shifted in place: np.roll's copy, without the new array)
         self._hist[-1] = x
         self._set_window()
         valid = self._last()

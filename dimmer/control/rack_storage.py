@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 import scipy.sparse as sp
 
+from dimmer.control.rack_math import nan_to_num
 from dimmer.site import SiteModel
 from dimmer.wear import DAY_S, SOC_TURN_HYSTERESIS, depth_for_weight, depth_weight
 
@@ -61,7 +62,10 @@ class HalfCycles:
         self.extreme = np.where(fresh, soc, self.extreme)
         d, ext = self.direction, self.extreme
         turned = known & (((d > 0) & (soc <= ext - self.h)) | ((d < 0) & (soc >= ext + self.h)))
-        closed = np.where(turned, 0.5 * depth_weight(np.abs(ext - self.turn) / self.window), 0.0)
+        if turned.any():
+            closed = np.where(turned, 0.5 * depth_weight(np.abs(ext - self.turn) / self.window), 0.0)
+        else:
+            closed = np.zeros(soc.shape)
         self.turn = np.where(turned, ext, self.turn)
         self.direction = np.where(turned, -d, d).astype(np.int8)
         start = known & (self.direction == 0) & (np.abs(soc - ext) >= self.h)
@@ -83,6 +87,7 @@ class BbuPolicy:
     def __init__(self, site: SiteModel, cycle_budget_per_day: float, reserve_s: float, recharge_full_tau_s: float):
         rs = site.rack_storage
         self.has = rs.bbu_energy_j > 0
+        self._all_have = bool(self.has.all())
         self.energy_j = rs.bbu_energy_j.astype(np.float64)
         self.power_w = rs.bbu_power_w.astype(np.float64)
         self.rated_recharge_w = np.minimum(rs.bbu_recharge_w, rs.bbu_power_w).astype(np.float64)
@@ -131,8 +136,8 @@ class BbuPolicy:
 
     def can_hold(self, soc: FloatArray, bound_w: FloatArray) -> BoolArray:
         """Where a shelf can take a rack's surge for a period or two: present, SoC known and above its reserve."""
-        soc_k = np.nan_to_num(soc, nan=-1.0)
-        out: BoolArray = self.has & (soc_k > self.reserve_soc(np.nan_to_num(bound_w, nan=0.0)))
+        soc_k = nan_to_num(soc, nan=-1.0)
+        out: BoolArray = self.has & (soc_k > self.reserve_soc(nan_to_num(bound_w, nan=0.0)))
         return out
 
     def relief_scale(self, planned_w: FloatArray, soft_w: FloatArray) -> FloatArray:
@@ -164,14 +169,15 @@ class BbuPolicy:
         until it does (kept only above the reserve).
         """
         known = np.isfinite(soc) & self.has
-        spent = self.cycles.update(np.where(self.has, soc, np.nan))
+        spent = self.cycles.update(soc if self._all_have else np.where(self.has, soc, np.nan))
         refill = self.budget * dt_s / DAY_S
         self.allowance = np.minimum(self.allowance + refill - spent, self.budget)
         # the relief under way, closed by the recharge that follows it, is a whole cycle of its depth
-        opened = depth_weight(self.cycles.open_depth()) * (self.cycles.direction < 0)
+        falling = self.cycles.direction < 0
+        opened = depth_weight(self.cycles.open_depth()) * falling if falling.any() else np.zeros(soc.shape)
 
-        reserve = self.reserve_soc(np.nan_to_num(bound_w, nan=0.0))
-        soc_k = np.nan_to_num(soc, nan=self.soc_min)
+        reserve = self.reserve_soc(nan_to_num(bound_w, nan=0.0))
+        soc_k = nan_to_num(soc, nan=self.soc_min)
         can_give = known & (soc_k > reserve) & (self.allowance - opened > 0)
         guard = np.full_like(bound_w, np.inf) if guard_w is None else guard_w
         # (not a guarded rack: its job is stopped or not yet started, and may come back within the period to far
@@ -179,18 +185,23 @@ class BbuPolicy:
         # shelf in one period where the relief planned 0.45 kW, prometheus-campus's finetune at 180 s)
         relieve = can_give & (scale < 1.0) & ~np.isfinite(guard)
         guard = np.where(known & (soc_k > reserve), guard, np.inf)
-        energy_left_w = np.where(relieve, (soc_k - reserve) * self.energy_j * self.discharge_eff / max(dt_s, 1e-3), 0.0)
-        # and no more in a period than the allowance left buys: stopping the relief only once the cycle under way
-        # has cost the allowance let each shelf's last period of relief overrun it (commands-delayed: 1.04
-        # depth-weighted cycles a day, interruption-storm 1.27, prometheus-campus 1.57, on a budget of 1)
-        afford_w = self.affordable_w(dt_s)
-        excess_w = np.maximum(bound_w - np.maximum(bound_w * scale, 0.0), 0.0)
-        relief = np.where(
-            relieve, np.minimum(np.minimum(excess_w, self.power_w), np.minimum(energy_left_w, afford_w)), 0.0
-        )
-        relief = np.maximum(relief, 0.0)
-        relieve = relieve & (relief > 0)
-        threshold = np.where(relieve, bound_w - relief, guard)
+        if relieve.any():
+            energy_left_w = np.where(
+                relieve, (soc_k - reserve) * self.energy_j * self.discharge_eff / max(dt_s, 1e-3), 0.0
+            )
+            # and no more in a period than the allowance left buys: stopping the relief only once the cycle under
+            # way has cost the allowance let each shelf's last period of relief overrun it (commands-delayed: 1.04
+            # depth-weighted cycles a day, interruption-storm 1.27, prometheus-campus 1.57, on a budget of 1)
+            afford_w = self.affordable_w(dt_s)
+            excess_w = np.maximum(bound_w - np.maximum(bound_w * scale, 0.0), 0.0)
+            relief: FloatArray = np.where(
+                relieve, np.minimum(np.minimum(excess_w, self.power_w), np.minimum(energy_left_w, afford_w)), 0.0
+            )
+            relief = np.maximum(relief, 0.0)
+            relieve = relieve & (relief > 0)
+            threshold = np.where(relieve, bound_w - relief, guard)
+        else:  # (no shelf relieves: none is asked what it may afford)
+            relief, threshold = np.zeros(bound_w.shape), guard
         self.given_w = relief
 
         # recharge: with room, never while relieving; rises slowly, tapers to 0 as a shelf fills. A shelf under its
