@@ -23,6 +23,7 @@ Layers, each vectorised over the tree (docs/controller.md has the equations):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -38,7 +39,7 @@ from dimmer.control.campus_battery import bess_room, campus_level, soc_pull_w
 from dimmer.control.filters import LowPass, Window, progressive_cut_w
 from dimmer.control.peak_readings import PeakReadings
 from dimmer.control.plausibility import PHRASES, PccCheck
-from dimmer.control.rack_math import RackMath
+from dimmer.control.rack_math import RackMath, nan_to_num
 from dimmer.control.rack_storage import BbuPolicy
 from dimmer.control.ramp_room import RampRoom, ReturnHold
 from dimmer.control.start_room import start_ceiling_w
@@ -160,6 +161,10 @@ class DimmerController:
         self.rack_env = Window(site.n_racks, n_env)
         # cap rises granted over the last envelope window, newest first (W per domain): the RMS sees them late
         self.recent_rise_w = np.zeros((n_env, site.n_domains))
+        # which of its rows hold a rise, as far as this controller wrote them (_rises_unseen: worked out afresh for
+        # rows written from outside, a restored state)
+        self._rise_rows: BoolArray = np.zeros(n_env, dtype=bool)
+        self._rise_rows_of = self.recent_rise_w
         self.rise_unseen_frac = 1.0 - np.arange(n_env) / n_env
         # ... and over the newest half of the window (a domain's level against its rating, below)
         self.n_recent = max(1, n_env // 2)
@@ -259,6 +264,13 @@ class DimmerController:
             return np.zeros(self.site.n_domains)
         out: FloatArray = self.gpus @ up / self.eta
         return out
+
+    def _rises_unseen(self) -> bool:
+        """Some cap rise of the last envelope window is in `recent_rise_w` (a row not all zero)."""
+        if self._rise_rows_of is not self.recent_rise_w:
+            self._rise_rows = np.any(self.recent_rise_w != 0.0, axis=1)
+            self._rise_rows_of = self.recent_rise_w
+        return bool(self._rise_rows.any())
 
     def _caps_bind(self, gpu_env_w: FloatArray) -> bool:
         """Some running job's cap holds it below what it would draw: its racks' envelope reaches the cap (a cap
@@ -419,10 +431,14 @@ class DimmerController:
         # flagged (a lost reading sent its job to the safe cap: 12 % of goodput on a site near no limit). A rack
         # without a fresh reading this period may not have its cap raised.
         fresh = np.isfinite(obs.rack_power_w) & (obs.rack_age_s <= p.stale_s)
-        self.rack_last_w = np.where(fresh, obs.rack_power_w, self.rack_last_w)
+        all_fresh = bool(fresh.all())  # (every reading arrived: the masks below are all one way)
+        self.rack_last_w = (
+            np.array(obs.rack_power_w, dtype=np.float64) if all_fresh
+            else np.where(fresh, obs.rack_power_w, self.rack_last_w)
+        )  # fmt: skip
         # The hold is timed from when the last good reading was taken, by our clock: a source that reports a NaN
         # as a fresh reading (its age does not grow) would otherwise have its last value held for ever.
-        seen_t_s = np.where(fresh, obs.t_s - obs.rack_age_s, -np.inf)
+        seen_t_s = obs.t_s - obs.rack_age_s if all_fresh else np.where(fresh, obs.t_s - obs.rack_age_s, -np.inf)
         self.rack_seen_t_s = np.maximum(self.rack_seen_t_s, seen_t_s)
         # A rack not yet heard from whose source says its reading is recent (one lost in the first periods) is
         # where a rack whose reading was lost after it was heard is: planned at the most it may draw, having no
@@ -430,34 +446,45 @@ class DimmerController:
         # nothing from it (late-lossy-meters at seed 1: one reading of 59 lost in the first period sent a
         # 3,776-GPU job to the safe cap, 0.16 % of the run's GPU time). And a source whose latest reading is
         # reported older than stale_s (a device never read) is stale at once, whatever we held.
-        unheard = ~np.isfinite(self.rack_last_w)
-        held = np.where(unheard, obs.t_s - self.first_t_s, obs.t_s - self.rack_seen_t_s) <= p.stale_s
-        rack_ok = (obs.rack_age_s <= p.stale_s) & held
-        rack_w = np.where(np.isfinite(self.rack_last_w), self.rack_last_w, self.rack_max_w)
-        from_racks = self.rm.domain_load_w(rack_w)
+        if all_fresh:  # (each rack's last reading is this period's: none unheard)
+            rack_ok = (obs.rack_age_s <= p.stale_s) & (obs.t_s - self.rack_seen_t_s <= p.stale_s)
+            unknown = ~rack_ok
+            rack_w = self.rack_last_w
+        else:
+            unheard = ~np.isfinite(self.rack_last_w)
+            held = np.where(unheard, obs.t_s - self.first_t_s, obs.t_s - self.rack_seen_t_s) <= p.stale_s
+            rack_ok = (obs.rack_age_s <= p.stale_s) & held
+            unknown = ~rack_ok | unheard
+            rack_w = np.where(np.isfinite(self.rack_last_w), self.rack_last_w, self.rack_max_w)
         dom_ok = np.isfinite(obs.domain_power_w) & (obs.domain_age_s <= p.stale_s)
-        domain_w = np.where(dom_ok, obs.domain_power_w, from_racks)
+        # (the campus's reading is the PCC's, below, with the racks' sum its check: where every other meter reads,
+        # only the campus's sum is wanted)
+        if dom_ok[1:].all():
+            racks_sum_w = self.rm.campus_load_w(rack_w)
+            domain_w = obs.domain_power_w.astype(np.float64)
+        else:
+            from_racks = self.rm.domain_load_w(rack_w)
+            racks_sum_w = float(from_racks[0])
+            domain_w = np.where(dom_ok, obs.domain_power_w, from_racks)
         pcc_ok = math.isfinite(obs.pcc_power_w) and obs.pcc_age_s <= p.stale_s
         # the campus domain is the PCC: its meter and breaker carry the import, net of the battery behind it; the
         # reading is held to what the racks report, and where it is missing or implausible the racks stand in
         bess_now_w = obs.bess_power_w if obs.bess_online and math.isfinite(obs.bess_power_w) else 0.0
-        unknown = ~rack_ok | unheard
         unknown_w = float(self.rack_max_w @ unknown.astype(np.float64)) if unknown.any() else 0.0
-        pcc = self.pcc_check.update(
-            obs.pcc_power_w, pcc_ok, float(from_racks[0]), bess_now_w, unknown_w, obs.pcc_limit_w, dt
-        )
+        pcc = self.pcc_check.update(obs.pcc_power_w, pcc_ok, racks_sum_w, bess_now_w, unknown_w, obs.pcc_limit_w, dt)
         domain_w[0] = pcc.used_w
         if pcc.implausible:
             what = PHRASES[pcc.status]
             reasons.append(Reason("safety", what, domain=0, value_w=obs.pcc_power_w - pcc.estimate_w))
 
-        dom_peak = self.domain_env.update(domain_w)
+        self.domain_env.push(domain_w)
         # the racks' own load (before their BBUs): what the GPUs draw, what the BBUs must follow
         load_ok = rack_ok & np.isfinite(obs.rack_load_w)
-        load_w = np.where(load_ok, obs.rack_load_w, np.nan)
+        load_w = obs.rack_load_w if load_ok.all() else np.where(load_ok, obs.rack_load_w, np.nan)
         rack_peak_w = self.rack_env.update(load_w)
         rack_trough_w = self.rack_env.trough()
-        load_env = np.where(np.isfinite(rack_peak_w), rack_peak_w, rack_w)
+        peak_known = np.isfinite(rack_peak_w)
+        load_env = rack_peak_w if peak_known.all() else np.where(peak_known, rack_peak_w, rack_w)
         peak_seen = self.peaks.update(obs.rack_load_peak_w, obs.t_s, load_ok, load_w, rack_trough_w)
         limit = np.asarray(obs.domain_limit_w, dtype=np.float64).copy()
 
@@ -481,16 +508,21 @@ class DimmerController:
         # and a rack under a cut that stays counted at its cap keeps the cut on its own job, not the one above it)
         decay: float | FloatArray = math.exp(-dt / p.return_hold_s) if p.return_hold_s > 0 else 0.0
         decay = np.where(obs.t_s - self.long_env_at_s < p.return_hold_full_s, 1.0, decay)
-        if n_jobs:
+        if n_jobs and not obs.job_running.all():
             decay = np.where((self.running_rack & obs.job_running[self.job_rack]) | ~self.running_rack, decay, 1.0)
         reached = ~(load_env < self.long_env_w * decay)  # (and a first reading, or one after a lost hold)
         self.long_env_at_s = np.where(reached & np.isfinite(load_env), obs.t_s, self.long_env_at_s)
         self.long_env_w = np.fmax(load_env, self.long_env_w * decay)
         self.peaks.hold(decay)
+
         # (a cap binds where the job's peaks reach it, which its means may not show: counted as free, a cap held
         # at a swing's peak let the battery recharge into the room the job needed to come back, and meter-spike's
         # job stayed capped 360 s after the spike, 0.51 % of its GPU time)
-        gpu_peak_env = np.fmax(gpu_env, self.rm.gpu_draw_for_rack_w(self.peaks.held_w))
+        # (worked out once, where it is asked)
+        @functools.cache
+        def caps_bind() -> bool:
+            return self._caps_bind(np.fmax(gpu_env, self.rm.gpu_draw_for_rack_w(self.peaks.held_w)))
+
         # (the higher of the cap commanded and the cap the GPUs report enforcing: a rack whose writes are lost, or
         # whose firmware ignores them, draws to the cap it has, not the one it was sent)
         enforced_w = np.where(np.isfinite(obs.rack_cap_w), obs.rack_cap_w, gpu.rated_w)
@@ -541,7 +573,7 @@ class DimmerController:
                 returning_w = float(np.sum(np.where(back, guard_extra_w, 0.0)))
                 bound_rack = np.where(shield, shielded_w, bound_rack)
         # the campus also carries what no rack meter sees (the overhead the PCC shows) and the BBUs' recharge
-        overhead_w = max(float(domain_w[0]) + bess_now_w - float(from_racks[0]), 0.0)
+        overhead_w = max(float(domain_w[0]) + bess_now_w - racks_sum_w, 0.0)
         campus_bound_w = float(np.sum(bound_rack)) + overhead_w + float(self.bbus.recharge_w.sum())
         # ... of which the racks whose peak readings show their swing's peak draw only their held peak: the rest is
         # the prior's, which the battery may take on at the ramp while the caps leave it be (a first reading 15 %
@@ -593,7 +625,7 @@ class DimmerController:
         b = site.bess
         soc_pull = soc_pull_w(b, obs.bess_soc_frac, obs.bess_online, p.bess_soc_target_frac, p.bess_soc_recovery_s,
                               p.ramp_margin_frac, site.ramp_limit_w_per_min, site.ramp_window_s)  # fmt: skip
-        if soc_pull > 0 and self._caps_bind(gpu_peak_env):
+        if soc_pull > 0 and caps_bind():
             soc_pull = 0.0  # recharge from surplus only, never with power a capped job could use
         battery_back = obs.bess_online and not self.bess_was_online and site.bess.energy_j > 0
         self.bess_was_online = obs.bess_online
@@ -626,7 +658,8 @@ class DimmerController:
         # racks' jobs are stopped (rack_back_w: each rack with its stopped job back)
         self.bound_w, self.prior_w, self.return_w, self.return_gpus = cut_bound_w, unmeasured_w, return_w, return_gpus
         self.rack_bound_w, self.rack_down = bound_rack, down
-        self.all_measured = bool(np.all(peak_seen[running_racks]))
+        measured_all = not (running_racks & ~peak_seen).any()  # (every running rack's peak measured)
+        self.all_measured = measured_all
         prev = bus_w if self.grid_target_w is None else self.grid_target_w
         target = forecast + soc_pull
         # A load its caps hold back would rise if they let it: the grid target follows it up as far as the ramp
@@ -634,7 +667,7 @@ class DimmerController:
         # floors). Following a low-pass of the capped load instead, the target lagged it by the ramp times the
         # low-pass's time constant and the caps could rise only by what it gained: a job start climbed at
         # ramp / (1 + forecast_tau_s / period_s), 0.07 of 1.5 MW/min, and lost 25 % of goodput.
-        held_back = self.grid_target_w is not None and self._caps_bind(gpu_peak_env)
+        held_back = self.grid_target_w is not None and caps_bind()
         if math.isfinite(ramp_step):
             if held_back:
                 target = max(target, min(prev + ramp_step, max(bus_caps_w, bus_now_w)))
@@ -670,7 +703,7 @@ class DimmerController:
         # ramp, a curtailment, outruns it, and the caps must lead it as the readings cannot)
         gaining = cut_bound_w - grid_cap - self.prev_bound_excess_w < ramp_in
         self.prev_bound_excess_w = cut_bound_w - grid_cap
-        all_measured = gaining and bool(running_racks.any()) and bool(np.all(peak_seen[running_racks]))
+        all_measured = gaining and bool(running_racks.any()) and measured_all
         if not gaining:
             unmeasured_w = 0.0
         self.bound_cover_w = max(min(cover_w, self.bound_cover_w + ramp_in), 0.0)
@@ -694,7 +727,7 @@ class DimmerController:
         env = np.fmin(env, under_caps_w)
         # the campus: the readings' peak, and the most its racks may draw, as they will be once the battery moves
         # to its new setpoint
-        seen_w = min(float(dom_peak[0]) + bess_now_w, cut_bound_w) - bess_w
+        seen_w = min(self.domain_env.peak_of(0) + bess_now_w, cut_bound_w) - bess_w
         env[0] = max(cut_bound_w - bess_w, seen_w)
         reporting = np.isfinite(obs.domain_thermal_frac)
         soft = np.where(reporting, p.reporting_soft_frac, p.soft_frac) * limit
@@ -742,13 +775,14 @@ class DimmerController:
         # the headroom is what is left once the rest is counted, or caps would climb past the release level for as
         # many periods as the window takes to catch up.
         # (The campus is held on its peak, which shows a rise one reading later: nothing to count there.)
-        unseen_w = self.rise_unseen_frac @ self.recent_rise_w
+        rises = self._rises_unseen()  # (none in the window: none unseen, and the window stays as it is)
+        unseen_w = self.rise_unseen_frac @ self.recent_rise_w if rises else np.zeros(site.n_domains)
         unseen_w[0] = 0.0
         # A domain counts at the higher of its window's RMS and its newest half window's (each with the rises it has
         # not yet shown): the RMS lags a step in the load by the window, and caps rose on the old readings past the
         # rating once they left it, to be cut again (the stateful machine at its long profile: a row stepped from 25 %
         # to full load read 125 kW of RMS against 200 kW, and was planned at 223 kW on its 220 kW rating).
-        unseen_recent_w = self.rise_unseen_recent_frac @ self.recent_rise_w
+        unseen_recent_w = self.rise_unseen_recent_frac @ self.recent_rise_w if rises else np.zeros(site.n_domains)
         recent_w = np.fmin(self.domain_env.rms_recent(self.n_recent), under_caps_w) + unseen_recent_w
         seen_level_w = np.fmax(env + unseen_w, recent_w)
         headroom = np.maximum(release - seen_level_w, 0.0)
@@ -819,11 +853,13 @@ class DimmerController:
             headroom[0] = min(headroom[0], max(float(release[0]) - import_w, 0.0) + lean_room_w)
             # rise: slowly, within headroom, never for a job with untrusted telemetry
             stale_job = np.zeros(n_jobs, dtype=bool)
-            stale_job[site.rack_job[self.running_rack & ~rack_ok]] = True
+            if not rack_ok.all():
+                stale_job[site.rack_job[self.running_rack & ~rack_ok]] = True
             if not pcc_ok:
                 stale_job[:] = True
             late_job = stale_job.copy()
-            late_job[site.rack_job[self.running_rack & ~fresh]] = True
+            if not all_fresh:
+                late_job[site.rack_job[self.running_rack & ~fresh]] = True
             rise = np.minimum(p.cap_rise_w_per_s * dt, gpu.rated_w - new_cap)
             # (a cut this period lowers where it goes back to by the cut, rather than ending its way back: a 2 kW cut
             # at the campus in the period of its start sent gb-frequency-event's finetune up at the slow rise, 30 s)
@@ -831,7 +867,7 @@ class DimmerController:
                 new_cap >= self.ceiled_from_w - reduction, np.nan, self.ceiled_from_w - reduction
             )
             back_up = obs.job_running & np.isfinite(self.ceiled_from_w)
-            rise = np.where(back_up, np.fmax(rise, np.nan_to_num(self.ceiled_from_w - new_cap)), rise)
+            rise = np.where(back_up, np.fmax(rise, nan_to_num(self.ceiled_from_w - new_cap)), rise)
             want = np.maximum(np.where((reduction > 0) | late_job, 0.0, rise), 0.0)
             up = grant(headroom, self.gpus, want, self.groups, self.eta)
             # A capped job may take the band between the release and soft levels too, as far as the soft level: a
@@ -858,8 +894,12 @@ class DimmerController:
                 up = up + more
                 if more.any():
                     rise_w = self._domain_rise_w(up)
-            self.recent_rise_w = np.roll(self.recent_rise_w, 1, axis=0)
-            self.recent_rise_w[0] = rise_w
+            if rises or rise_w.any():
+                self.recent_rise_w = np.roll(self.recent_rise_w, 1, axis=0)
+                self.recent_rise_w[0] = rise_w
+                self._rise_rows = np.roll(self._rise_rows, 1)
+                self._rise_rows[0] = bool(rise_w.any())
+                self._rise_rows_of = self.recent_rise_w
             new_cap = new_cap + up
             # a stopped job is held where its return fits what is left under the soft levels, with the battery's
             # charge where it is: the return arrives within a tick, the battery's release a period later
@@ -895,9 +935,11 @@ class DimmerController:
             self.cap_w = new_cap
         rack_cap = self._rack_caps()
         stale_rack = ~rack_ok | (not pcc_ok)
-        rack_cap = np.where(stale_rack, np.minimum(rack_cap, self.safe_cap_w), rack_cap)
+        if stale_rack.any():
+            rack_cap = np.where(stale_rack, np.minimum(rack_cap, self.safe_cap_w), rack_cap)
         # (nor does a rack's cap rise, with or without a job, in a period its reading did not arrive)
-        rack_cap = np.where(fresh, rack_cap, np.minimum(rack_cap, self.prev_rack_cap_w))
+        if not all_fresh:
+            rack_cap = np.where(fresh, rack_cap, np.minimum(rack_cap, self.prev_rack_cap_w))
         self.prev_rack_cap_w = rack_cap
 
         # 3. trough filling -----------------------------------------------------------------------------------------
@@ -918,7 +960,7 @@ class DimmerController:
         fillable = job_racks & ~capped_running
         if cutting.any():
             fillable &= ~(self._rack_domains @ cutting.astype(np.float64) > 0)
-        n_fill = float(np.sum(site.rack_active_gpus[fillable]))
+        n_fill = float(np.sum(site.rack_active_gpus, where=fillable))
         floor_release = self.floor_release_w_per_s * dt
         # (nor while the campus itself is cut: a floor would burn energy in the room its caps are clearing, as under
         # a curtailment that falls faster than the ramp rule lets the import follow)

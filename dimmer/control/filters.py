@@ -21,15 +21,36 @@ class Window:
     def __init__(self, n: int, length: int) -> None:
         self._buf = np.full((max(length, 1), n), np.nan)
         self._i = 0
-        # the samples written by `update` that hold no NaN: a window of those has its RMS in one pass (a buffer
-        # written from outside, a restored state, counts as holding NaN until each sample is written anew)
+        # the samples written by `update` that hold no NaN: a window of those has its RMS in one pass, from each
+        # sample's squares worked out once (a buffer written from outside, a restored state, counts as holding NaN
+        # until each sample is written anew)
         self._whole = np.zeros(self._buf.shape[0], dtype=bool)
+        self._sq: FloatArray | None = None  # each sample's squares, where `_sq_ok` (allocated at the first RMS)
+        self._sq_ok = np.zeros(self._buf.shape[0], dtype=bool)
 
     def update(self, x: FloatArray) -> FloatArray:
+        self.push(x)
+        return self.peak()
+
+    def push(self, x: FloatArray) -> None:
+        """Take a sample (`update` without the peak)."""
         self._buf[self._i] = x
         self._whole[self._i] = not np.isnan(self._buf[self._i]).any()
+        self._sq_ok[self._i] = False
         self._i = (self._i + 1) % self._buf.shape[0]
-        return self.peak()
+
+    def peak_of(self, j: int) -> float:
+        """`peak()[j]`, without the others."""
+        return float(np.fmax.reduce(self._buf[:, j]))
+
+    def _squares(self) -> FloatArray:
+        """Every sample squared (the window written by `update` only: see `_whole`)."""
+        if self._sq is None:
+            self._sq = np.empty_like(self._buf)
+        for r in np.flatnonzero(~self._sq_ok):
+            np.square(self._buf[r], out=self._sq[r])
+        self._sq_ok[:] = True
+        return self._sq
 
     def peak(self) -> FloatArray:
         # (fmax passes over NaN and is NaN only where every sample is: one pass, no masked copies of the window)
@@ -45,18 +66,29 @@ class Window:
         """The root-mean-square over the newest `k` samples only (NaN where they hold none)."""
         k = min(max(k, 1), self._buf.shape[0])
         idx = (self._i - 1 - np.arange(k)) % self._buf.shape[0]
-        return _rms(self._buf[idx], bool(self._whole[idx].all()))
+        if self._whole[idx].all():
+            return _rms_of_squares(self._squares(), idx)
+        return _rms(self._buf[idx])
 
     def rms(self) -> FloatArray:
-        return _rms(self._buf, bool(self._whole.all()))
+        if self._whole.all():
+            return _rms_of_squares(self._squares(), np.arange(self._buf.shape[0]))
+        return _rms(self._buf)
 
 
-def _rms(rows: FloatArray, whole: bool = False) -> FloatArray:
-    """Root-mean-square down the first axis, NaN samples left out (NaN where a column holds none). `whole`: the
-    rows hold no NaN (the same sums, without the masks)."""
-    if whole:
-        out_whole: FloatArray = np.sqrt((rows**2).sum(axis=0) / float(rows.shape[0]))
-        return out_whole
+def _rms_of_squares(sq: FloatArray, rows: npt.NDArray[np.intp]) -> FloatArray:
+    """`_rms` of `rows` of the samples, where they hold no NaN, from their squares `sq`: the same sums, row after
+    row as `sum(axis=0)` adds them, without the masks or a copy of the rows."""
+    total = sq[rows[0]].copy()
+    for r in rows[1:]:
+        total += sq[r]
+    total /= float(rows.shape[0])
+    out: FloatArray = np.sqrt(total, out=total)
+    return out
+
+
+def _rms(rows: FloatArray) -> FloatArray:
+    """Root-mean-square down the first axis, NaN samples left out (NaN where a column holds none)."""
     valid = ~np.isnan(rows)
     count = valid.sum(axis=0)
     sq = np.where(valid, rows, 0.0) ** 2
@@ -215,7 +247,7 @@ class SwingLevel:
         valid = self._last()
         valid = valid[~np.isnan(valid)]
         self.span = max(self.span * self._decay, float(valid.max() - valid.min()))
-        return self.level()
+        return float(valid.mean())  # (the level: these readings hold x at least)
 
     def restart(self) -> None:
         """Forget the window's readings: the level is learned afresh (the span and the period's history are kept:

@@ -15,6 +15,8 @@ from dimmer.site import SiteModel
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
+_MAX = float(np.finfo(np.float64).max)
+
 
 class RackMath:
     def __init__(self, site: SiteModel) -> None:
@@ -48,6 +50,14 @@ class RackMath:
         out /= self._per_gpu
         return out
 
+    def campus_load_w(self, rack_w: FloatArray) -> float:
+        """`domain_load_w(rack_w)[0]` (the campus's), without the other domains' differences."""
+        if rack_w.dtype != np.float64 or rack_w.ndim != 1:
+            return float(self.site.domain_load_w(rack_w)[0])
+        csum = self._csum
+        np.cumsum(rack_w, out=csum[1:])
+        return float(csum[self.site.domain_rack_stop[0]] - csum[self.site.domain_rack_start[0]])
+
     def domain_load_w(self, rack_w: FloatArray) -> FloatArray:
         """`site.domain_load_w` for a `(n_racks,)` float vector: the same cumulative sum, differenced level by level
         over strided views rather than gathered."""
@@ -74,7 +84,11 @@ def nan_to_num(x: FloatArray, nan: float = 0.0) -> FloatArray:
     caller must not write to it)."""
     if np.isfinite(x).all():
         return x
-    out: FloatArray = np.nan_to_num(x, nan=nan)
+    # (np.nan_to_num's three replacements, without its wrappers)
+    out: FloatArray = np.array(x, dtype=np.float64)
+    np.copyto(out, nan, where=np.isnan(out))
+    np.copyto(out, _MAX, where=out == np.inf)
+    np.copyto(out, -_MAX, where=out == -np.inf)
     return out
 
 

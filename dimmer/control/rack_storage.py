@@ -53,9 +53,29 @@ class HalfCycles:
         self.turn = np.full(n, np.nan)  # SoC at the last turning point
         self.extreme = np.full(n, np.nan)  # the run's furthest value since it
         self.direction = np.zeros(n, dtype=np.int8)  # +1 rising, -1 falling, 0 not yet moved
+        # the SoC the last update took, and the state it left: the same SoC again moves nothing (a run neither
+        # turns nor starts nor reaches further on the values it has already taken), so it is not worked through
+        self._last_soc: FloatArray | None = None
+        self._left: tuple[FloatArray, FloatArray, npt.NDArray[np.int8]] | None = None
 
     def update(self, soc: FloatArray) -> FloatArray:
         """Take this period's SoC (NaN: unknown, skipped); return each rack's weight closed now (full cycles)."""
+        left = self._left
+        if (
+            left is not None
+            and self.h > 0
+            and left[0] is self.turn
+            and left[1] is self.extreme
+            and left[2] is self.direction
+            and _same_bits(soc, self._last_soc)
+        ):
+            return np.zeros(soc.shape)  # (the shelves' SoC as last period: every run as it was)
+        closed = self._update(soc)
+        self._last_soc = np.array(soc, dtype=np.float64, order="C")
+        self._left = (self.turn, self.extreme, self.direction)
+        return closed
+
+    def _update(self, soc: FloatArray) -> FloatArray:
         known = np.isfinite(soc)
         fresh = known & ~np.isfinite(self.turn)
         self.turn = np.where(fresh, soc, self.turn)
@@ -77,8 +97,15 @@ class HalfCycles:
 
     def open_depth(self) -> FloatArray:
         """Depth (share of the window) of the run under way; 0 where none."""
-        out: FloatArray = np.nan_to_num(np.abs(self.extreme - self.turn) / self.window, nan=0.0)
+        out: FloatArray = nan_to_num(np.abs(self.extreme - self.turn) / self.window, nan=0.0)
         return out
+
+
+def _same_bits(a: FloatArray, b: FloatArray | None) -> bool:
+    """`a` holds exactly the values (to the bit) of the float64 array `b`."""
+    if b is None or a.dtype != np.float64 or a.shape != b.shape or not a.flags.c_contiguous:
+        return False
+    return bool(np.array_equal(a.view(np.int64), b.view(np.int64)))
 
 
 class BbuPolicy:
@@ -99,6 +126,7 @@ class BbuPolicy:
         self.allowance = np.zeros(site.n_racks)
         self.cycles = HalfCycles(site.n_racks, self.soc_max - self.soc_min)
         self.reserve_s = reserve_s
+        self._reserve_j = self.energy_j * self.discharge_eff  # what each shelf gives an outage, all of it
         self.full_tau_s = recharge_full_tau_s
         self.recharge_w = np.zeros(site.n_racks)
         self.given_w = np.zeros(site.n_racks)  # the relief planned last period: the SoC read now may not show it
@@ -109,13 +137,12 @@ class BbuPolicy:
     def reserve_soc(self, load_w: FloatArray) -> FloatArray:
         """The SoC each shelf keeps: `reserve_s` of its rack's present load as an outage draws it, at least the
         shaving floor."""
-        need = np.divide(
-            self.reserve_s * np.maximum(load_w, 0.0),
-            self.energy_j * self.discharge_eff,
-            out=np.zeros_like(load_w),
-            where=self.has,
-        )
-        out: FloatArray = np.clip(need, self.soc_min, self.soc_max)
+        need = self.reserve_s * np.maximum(load_w, 0.0)
+        if self._all_have:
+            need /= self._reserve_j
+        else:
+            need = np.divide(need, self._reserve_j, out=np.zeros_like(load_w), where=self.has)
+        out: FloatArray = np.minimum(np.maximum(need, self.soc_min), self.soc_max)  # (np.clip's, without its wrapper)
         return out
 
     def affordable_w(self, dt_s: float) -> FloatArray:
