@@ -294,7 +294,9 @@ class DimmerController:
         # to 1,352 W read a 48 W spread across its window, its own cut taken for a swing)
         peak = np.fmin(self.rm.gpu_draw_for_rack_w(rack_peak_w), rack_caps)
         trough = self.rm.gpu_draw_for_rack_w(rack_trough_w)
-        spread = np.where(np.isfinite(peak) & np.isfinite(trough), peak - trough, np.inf)
+        spread = peak - trough  # (finite only where both are: elsewhere no spread is known)
+        if not np.isfinite(spread).all():
+            spread = np.where(np.isfinite(peak) & np.isfinite(trough), spread, np.inf)
         swings = ~(spread <= p.flat_frac * np.fmax(gpu_env_w, 0.0))
         job_swings = np.zeros(site.n_jobs, dtype=bool)
         self._job_reduce(np.logical_or, swings, job_swings)
@@ -361,7 +363,9 @@ class DimmerController:
         (`fall_room_w`): a paced cut is the controller's choice, and where the load falls by itself (an RL job
         going to its rollouts) the two together broke the rule (oversubscribed-row at seeds 1-3: 14-18 s)."""
         site = self.site
-        paced = over & (env < self.p.pace_max_frac * limit) & np.isfinite(obs.domain_thermal_frac)
+        paced = over.copy()
+        if paced[1:].any():  # (no domain over its rating below the campus: none paced)
+            paced &= (env < self.p.pace_max_frac * limit) & np.isfinite(obs.domain_thermal_frac)
         paced[0] = False
         if not (paced.any() and math.isfinite(ramp_step)):
             self.pace_level_w = np.full(site.n_domains, np.inf)
@@ -528,10 +532,11 @@ class DimmerController:
         enforced_w = np.where(np.isfinite(obs.rack_cap_w), obs.rack_cap_w, gpu.rated_w)
         at_caps = self.rm.rack_power_w(np.maximum(rack_caps, enforced_w))
         # (never above what the rack can draw under its cap: readings lag a cut, and would have it made again)
-        hidden = np.fmin(at_caps, np.fmax(self.long_env_w * (1.0 + p.hidden_peak_frac), load_env))
+        held_peak_w = self.long_env_w * (1.0 + p.hidden_peak_frac)
+        hidden = np.fmin(at_caps, np.fmax(held_peak_w, load_env))
         bound_rack = np.where(job_rack_now, hidden, load_env)
         # racks that count at their caps: a cap change moves their bound
-        live_rack = job_rack_now & (at_caps <= self.long_env_w * (1.0 + p.hidden_peak_frac))
+        live_rack = job_rack_now & (at_caps <= held_peak_w)
         # A job rack whose job is not running (a stall, a crash, a restart) is held by its BBU near what it draws
         # now, as far as the BBU's power and reserve allow: a return then reaches the grid one period's increment
         # at a time while the battery charges, and costs the BBU a second or two of the surge, not a cycle.
@@ -947,24 +952,27 @@ class DimmerController:
         # against its own cap. Domains with a cut (the campus aside, whose cut is the grid's) exclude their racks.
         # Nor on a running job that is capped: there a floor only lifts the swing's troughs toward the cap, burning
         # energy against the cut that made the fall. A crashed, stopped or idle job's racks may be filled.
-        cutting = cut > 0
-        cutting[0] = False
-        # a floor starts from the swing's trough (the least recent reading), not from a reading: floored from a 1 s
-        # mean, the troughs below it are filled and the level the next reading shows is lifted by the floor itself
-        trough_w = rack_trough_w
-        draw_now = self.rm.gpu_draw_for_rack_w(np.where(np.isfinite(trough_w), np.fmin(trough_w, rack_w), rack_w))
-        capped_running = np.zeros(site.n_racks, dtype=bool)
-        if n_jobs:
-            job_held = obs.job_running & (self.cap_w < gpu.rated_w)
-            capped_running = job_racks & job_held[self.job_rack]
-        fillable = job_racks & ~capped_running
-        if cutting.any():
-            fillable &= ~(self._rack_domains @ cutting.astype(np.float64) > 0)
-        n_fill = float(np.sum(site.rack_active_gpus, where=fillable))
-        floor_release = self.floor_release_w_per_s * dt
         # (nor while the campus itself is cut: a floor would burn energy in the room its caps are clearing, as under
         # a curtailment that falls faster than the ramp rule lets the import follow)
-        if fill_w > fill_deadband_w and n_fill > 0 and cut[0] <= 0:
+        filling = fill_w > fill_deadband_w and cut[0] <= 0
+        n_fill = 0.0
+        if filling:  # (the racks that may be filled, only where there is a fall to fill)
+            cutting = cut > 0
+            cutting[0] = False
+            # a floor starts from the swing's trough (the least recent reading), not from a reading: floored from a
+            # 1 s mean, the troughs below it are filled and the level the next reading shows is lifted by the floor
+            trough_w = rack_trough_w
+            draw_now = self.rm.gpu_draw_for_rack_w(np.where(np.isfinite(trough_w), np.fmin(trough_w, rack_w), rack_w))
+            capped_running = np.zeros(site.n_racks, dtype=bool)
+            if n_jobs:
+                job_held = obs.job_running & (self.cap_w < gpu.rated_w)
+                capped_running = job_racks & job_held[self.job_rack]
+            fillable = job_racks & ~capped_running
+            if cutting.any():
+                fillable &= ~(self._rack_domains @ cutting.astype(np.float64) > 0)
+            n_fill = float(np.sum(site.rack_active_gpus, where=fillable))
+        floor_release = self.floor_release_w_per_s * dt
+        if filling and n_fill > 0:
             lift = fill_w * self.eta / n_fill
             # no domain is filled past its soft threshold: bound the lift by each domain's room over its fill GPUs
             fill_gpus = self.rm.domain_load_w(np.where(fillable, site.rack_active_gpus, 0).astype(np.float64))
@@ -1008,7 +1016,9 @@ class DimmerController:
 
         # a guard holds no lower than its rack at the caps it now has, less what its BBU may afford to bridge (the
         # caps of a job that runs again may have risen past those the guard was set under)
-        guarded = np.isfinite(threshold) & (relief_rack <= 0) & (bridged_w < self.bbus.power_w)
+        guarded = np.isfinite(threshold)
+        if guarded.any():
+            guarded &= (relief_rack <= 0) & (bridged_w < self.bbus.power_w)
         if guarded.any():
             threshold = np.where(guarded, np.fmax(threshold, self.rm.rack_power_w(rack_cap) - bridged_w), threshold)
         return Actions(

@@ -199,19 +199,23 @@ class BbuPolicy:
         spent = self.cycles.update(soc if self._all_have else np.where(self.has, soc, np.nan))
         refill = self.budget * dt_s / DAY_S
         self.allowance = np.minimum(self.allowance + refill - spent, self.budget)
-        # the relief under way, closed by the recharge that follows it, is a whole cycle of its depth
-        falling = self.cycles.direction < 0
-        opened = depth_weight(self.cycles.open_depth()) * falling if falling.any() else np.zeros(soc.shape)
-
         reserve = self.reserve_soc(nan_to_num(bound_w, nan=0.0))
         soc_k = nan_to_num(soc, nan=self.soc_min)
-        can_give = known & (soc_k > reserve) & (self.allowance - opened > 0)
         guard = np.full_like(bound_w, np.inf) if guard_w is None else guard_w
-        # (not a guarded rack: its job is stopped or not yet started, and may come back within the period to far
-        # over the bound its idle readings give; a relief threshold there took the surge of a start, 0.44 % of the
-        # shelf in one period where the relief planned 0.45 kW, prometheus-campus's finetune at 180 s)
-        relieve = can_give & (scale < 1.0) & ~np.isfinite(guard)
-        guard = np.where(known & (soc_k > reserve), guard, np.inf)
+        asked = scale < 1.0
+        if asked.any():
+            # the relief under way, closed by the recharge that follows it, is a whole cycle of its depth
+            falling = self.cycles.direction < 0
+            opened = depth_weight(self.cycles.open_depth()) * falling if falling.any() else np.zeros(soc.shape)
+            can_give = known & (soc_k > reserve) & (self.allowance - opened > 0)
+            # (not a guarded rack: its job is stopped or not yet started, and may come back within the period to
+            # far over the bound its idle readings give; a relief threshold there took the surge of a start, 0.44 %
+            # of the shelf in one period where the relief planned 0.45 kW, prometheus-campus's finetune at 180 s)
+            relieve = can_give & asked & ~np.isfinite(guard)
+        else:  # (no domain asks for relief: no shelf gives it)
+            relieve = np.zeros(soc.shape, dtype=bool)
+        # (a guard holds only above the reserve; none held: none to drop)
+        guard = guard.copy() if (guard == np.inf).all() else np.where(known & (soc_k > reserve), guard, np.inf)
         if relieve.any():
             energy_left_w = np.where(
                 relieve, (soc_k - reserve) * self.energy_j * self.discharge_eff / max(dt_s, 1e-3), 0.0
@@ -233,11 +237,16 @@ class BbuPolicy:
 
         # recharge: with room, never while relieving; rises slowly, tapers to 0 as a shelf fills. A shelf under its
         # reserve recharges without room (the caps make it): ride-through comes before goodput
-        want = known & (room | (soc_k < reserve)) & ~relieve & (soc_k < self.soc_max - 1e-4)
-        taper_w = np.maximum(self.soc_max - soc_k, 0.0) * self.energy_j / self.full_tau_s
-        top_w = np.minimum(self.rated_recharge_w, taper_w)
-        n_want = int(np.count_nonzero(want))
-        rise = recharge_rise_w / n_want if n_want else 0.0
-        rise = rise if math.isfinite(rise) else float(np.max(self.rated_recharge_w, initial=0.0))
-        self.recharge_w = np.where(want, np.minimum(self.recharge_w + rise, top_w), 0.0)
+        want = soc_k < self.soc_max - 1e-4
+        if want.any():  # (every shelf full: none recharges)
+            want &= known & (room | (soc_k < reserve)) & ~relieve
+        if want.any():
+            taper_w = np.maximum(self.soc_max - soc_k, 0.0) * self.energy_j / self.full_tau_s
+            top_w = np.minimum(self.rated_recharge_w, taper_w)
+            n_want = int(np.count_nonzero(want))
+            rise = recharge_rise_w / n_want
+            rise = rise if math.isfinite(rise) else float(np.max(self.rated_recharge_w, initial=0.0))
+            self.recharge_w = np.where(want, np.minimum(self.recharge_w + rise, top_w), 0.0)
+        else:
+            self.recharge_w = np.zeros(soc.shape)
         return threshold, self.recharge_w.copy(), relief
