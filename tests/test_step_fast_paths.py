@@ -109,3 +109,26 @@ def test_nan_to_num_is_numpys() -> None:
         assert _bits(nan_to_num(x, nan=nan)) == _bits(np.nan_to_num(x, nan=nan))
     finite = np.array([1.0, 2.0])
     assert nan_to_num(finite) is finite
+
+
+def _progressive_cut_long_way(e: np.ndarray, s: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """progressive_cut_w as it was before it skipped a vector with nothing over."""
+    span = np.maximum(h - s, 1e-9)
+    over = np.maximum(e - s, 0.0)
+    out = np.where(e > h, e - 0.5 * (h + s), over * over / (2.0 * span))
+    return np.nan_to_num(out, nan=0.0)
+
+
+def test_progressive_cut_with_nothing_over_is_the_formulas() -> None:
+    from dimmer.control.filters import progressive_cut_w
+
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        n = int(rng.integers(1, 40))
+        h = rng.random(n) * 100.0
+        s = h * rng.uniform(0.5, 1.0, n)
+        e = s * rng.uniform(0.0, 1.2 if rng.random() < 0.5 else 1.0, n)
+        for arr in (e, s, h):
+            arr[rng.random(n) < 0.05] = rng.choice([np.nan, np.inf, -np.inf])
+        with np.errstate(invalid="ignore"):
+            assert _bits(progressive_cut_w(e, s, h)) == _bits(_progressive_cut_long_way(e, s, h))

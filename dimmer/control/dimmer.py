@@ -514,9 +514,10 @@ class DimmerController:
         decay = np.where(obs.t_s - self.long_env_at_s < p.return_hold_full_s, 1.0, decay)
         if n_jobs and not obs.job_running.all():
             decay = np.where((self.running_rack & obs.job_running[self.job_rack]) | ~self.running_rack, decay, 1.0)
-        reached = ~(load_env < self.long_env_w * decay)  # (and a first reading, or one after a lost hold)
+        decayed_w = self.long_env_w * decay
+        reached = ~(load_env < decayed_w)  # (and a first reading, or one after a lost hold)
         self.long_env_at_s = np.where(reached & np.isfinite(load_env), obs.t_s, self.long_env_at_s)
-        self.long_env_w = np.fmax(load_env, self.long_env_w * decay)
+        self.long_env_w = np.fmax(load_env, decayed_w)
         self.peaks.hold(decay)
 
         # (a cap binds where the job's peaks reach it, which its means may not show: counted as free, a cap held
@@ -744,7 +745,8 @@ class DimmerController:
         over = env >= p.emergency_frac * limit
         emergency = over | hot
         emergency[0] = seen_w >= p.emergency_frac * limit[0]  # the bound is a worst case, not a reading
-        cut = np.where(emergency, np.maximum(cut, env - soft), cut)
+        if emergency.any():
+            cut = np.where(emergency, np.maximum(cut, env - soft), cut)
         # (how far the import may fall from its level now, as the ramp rule measures it)
         fall_room_w = max(min(bus_w, bus_now_w) - bess_w - room_lo_w, 0.0)
         cut, paced = self._pace_cuts(cut, env, soft, limit, over & ~hot, obs, ramp_step, fall_room_w)
@@ -755,11 +757,14 @@ class DimmerController:
 
         # 4. rack storage: over a soft threshold the BBUs (within their reserve and wear budget) take the excess
         # before a cap does; what they relieve is not cut from the jobs (an emergency cuts regardless)
-        no_room = np.where(cut > 0, np.inf, 0.0)
-        rack_room = self.bbus.relief_scale(np.maximum(env + no_room, 0.0), release) >= 1.0
+        cutting = cut > 0
+        if cutting.any():
+            rack_room = self.bbus.relief_scale(np.maximum(env + np.where(cutting, np.inf, 0.0), 0.0), release) >= 1.0
+        else:  # (no cut: every domain's room is its envelope's)
+            rack_room = self.bbus.relief_scale(np.maximum(env, 0.0), release) >= 1.0
         ramp_rise_w = ramp_step * p.bbu_recharge_ramp_frac if math.isfinite(ramp_step) else math.inf
         # (a paced cut is no reason to discharge: the BBUs' relief would be a step of its own, on and off)
-        scale = self.bbus.relief_scale(np.where(paced, 0.0, env), soft)
+        scale = self.bbus.relief_scale(np.where(paced, 0.0, env) if paced.any() else env, soft)
         # a guarded rack's BBU takes only what the interconnect could not: the room left under the limit once the
         # battery has its setpoint is shared by the guarded racks, in proportion to what the guard holds back
         extra_sum_w = float(guard_extra_w.sum())
@@ -771,11 +776,14 @@ class DimmerController:
         threshold, recharge, relief_rack = self.bbus.step(
             dt, obs.rack_bbu_soc_frac, bound_rack, scale, rack_room, ramp_rise_w, guard_w
         )
-        relief = self.rm.domain_load_w(relief_rack) if relief_rack.any() else np.zeros(site.n_domains)
         self.prev_guard_w = np.where(np.isfinite(guard_w), guard_w, np.inf)
-        cut_campus = cut[0]
-        cut = np.where(emergency, cut, np.maximum(cut - relief, 0.0))
-        cut[0] = cut_campus  # the ramp's cut is on the level, which the BBUs' peak shaving does not move
+        if relief_rack.any():
+            relief = self.rm.domain_load_w(relief_rack)
+            cut_campus = cut[0]
+            cut = np.where(emergency, cut, np.maximum(cut - relief, 0.0))
+            cut[0] = cut_campus  # the ramp's cut is on the level, which the BBUs' peak shaving does not move
+        else:  # (no BBU relieves: every cut stands as it is, none below zero)
+            relief = np.zeros(site.n_domains)
         # A rise granted k periods ago is in only the last k readings of the window, so the RMS shows a share of it:
         # the headroom is what is left once the rest is counted, or caps would climb past the release level for as
         # many periods as the window takes to catch up.

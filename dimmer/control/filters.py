@@ -128,6 +128,9 @@ def progressive_cut_w(envelope_w: FloatArray, soft_w: FloatArray, hard_w: FloatA
     cut = e - (h + s) / 2                for e > h         (the same slope as the quadratic at h: no kink)
     so the planned load e - cut never exceeds (h + s) / 2 < h, and the cut is continuous with a continuous slope.
     """
+    if not (np.any(envelope_w > soft_w) or np.any(envelope_w > hard_w)):
+        # (nothing over its soft threshold, nor its hard one: no cut anywhere, the quadratic's 0)
+        return np.zeros(np.broadcast(envelope_w, soft_w, hard_w).shape)
     span = np.maximum(hard_w - soft_w, 1e-9)
     over = np.maximum(envelope_w - soft_w, 0.0)
     quad = over * over / (2.0 * span)
