@@ -3,6 +3,7 @@ time `dimmer`'s `Controller.step` takes against site size.
 
     python3 bench/sim_speed.py              # all figures (about 2 minutes on 2 cores)
     python3 bench/sim_speed.py --quick      # shorter runs, same figures, noisier
+    python3 bench/sim_speed.py --step       # only Controller.step against size (about 30 s)
 
 Prints figures; never passes or fails. Peak memory is measured in a child process per run (ru_maxrss).
 """
@@ -70,6 +71,7 @@ def in_child(gpus: int, duration_s: float, controller: str = "none") -> dict[str
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--step", action="store_true", help="only dimmer's Controller.step against site size")
     ap.add_argument("--child", nargs=3)
     args = ap.parse_args()
     if args.child:
@@ -77,6 +79,20 @@ def main() -> None:
         return
     scale = 0.1 if args.quick else 1.0
     print(f"machine: {machine()}")
+    if not args.step:
+        plant_figures(scale)
+    print("dimmer's Controller.step against size, and the plant with it (120 s simulated each; target 1 ms p50 at 1M):")
+    print(f"  {'GPUs':>10} {'racks':>7} {'step p50 ms':>12} {'step p99 ms':>12} {'x real time':>12}")
+    for gpus in (0, 138_240, 1_000_000):
+        r = in_child(gpus, 120.0 * max(scale, 0.5), "dimmer")
+        print(
+            f"  {r['gpus']:>10,} {r['racks']:>7,} {r['step_ms_p50']:>12.2f} {r['step_ms_p99']:>12.2f} "
+            f"{r['x_realtime']:>12.0f}"
+        )
+
+
+def plant_figures(scale: float) -> None:
+    """The plant alone: the reference runs and the cost per tick against size."""
     print("reference runs (controller none, dt 0.1 s):")
     runs = (
         ("swing-8k.toml (8,192-GPU job)", 0, 3600.0, "5,000x, issue 13"),
@@ -95,14 +111,6 @@ def main() -> None:
     for gpus in (1_000, 8_192, 32_768, 131_072, 500_000, 1_000_000):
         r = in_child(gpus, 60.0 * max(scale, 0.5))
         print(f"  {r['gpus']:>10,} {r['racks']:>7,} {r['us_per_tick']:>9.0f} {r['us_per_tick'] / r['racks']:>13.3f}")
-    print("dimmer's Controller.step against size, and the plant with it (120 s simulated each; target 1 ms p50 at 1M):")
-    print(f"  {'GPUs':>10} {'racks':>7} {'step p50 ms':>12} {'step p99 ms':>12} {'x real time':>12}")
-    for gpus in (0, 138_240, 1_000_000):
-        r = in_child(gpus, 120.0 * max(scale, 0.5), "dimmer")
-        print(
-            f"  {r['gpus']:>10,} {r['racks']:>7,} {r['step_ms_p50']:>12.2f} {r['step_ms_p99']:>12.2f} "
-            f"{r['x_realtime']:>12.0f}"
-        )
 
 
 if __name__ == "__main__":

@@ -46,8 +46,10 @@ def shed(
     fall. Within a group every job takes the same per-GPU cut (bounded by its own room): the group's cut is set by
     its most demanding domain. Returns (per-GPU reduction per job, the cut left unmet per domain).
     """
-    remaining = np.maximum(np.nan_to_num(cut_w), 0.0)
     reduction = np.zeros(gpus.shape[1])
+    if not np.any(cut_w > 0):
+        return reduction, np.zeros(cut_w.shape)  # (no domain asks for a cut: none to make, none unmet)
+    remaining = np.maximum(np.nan_to_num(cut_w), 0.0)
     for group in groups:
         if not remaining.any():
             break
@@ -72,8 +74,10 @@ def grant(
 
     A job may rise by at most the smallest headroom of the domains it runs in, shared by the GPUs it has there.
     """
-    room = np.maximum(np.nan_to_num(headroom_w), 0.0)
     increase = np.zeros(gpus.shape[1])
+    if not np.any(want_w_per_gpu > 0):
+        return increase  # (no job asks: nothing to share out)
+    room = np.maximum(np.nan_to_num(headroom_w), 0.0)
     for group in reversed(groups):
         g = group[want_w_per_gpu[group] > 0]
         if g.size == 0:

@@ -23,6 +23,7 @@ Layers, each vectorised over the tree (docs/controller.md has the equations):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -30,106 +31,27 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import scipy.sparse as sp
-from pydantic import Field, ValidationError
+from pydantic import ValidationError
 
 from dimmer.control import register
 from dimmer.control.allocation import grant, job_gpus_per_domain, priority_groups, shed
 from dimmer.control.campus_battery import bess_room, campus_level, soc_pull_w
+from dimmer.control.dimmer_params import DimmerParams
 from dimmer.control.filters import LowPass, Window, progressive_cut_w
 from dimmer.control.peak_readings import PeakReadings
 from dimmer.control.plausibility import PHRASES, PccCheck
+from dimmer.control.rack_math import RackMath, nan_to_num
 from dimmer.control.rack_storage import BbuPolicy
 from dimmer.control.ramp_room import RampRoom, ReturnHold
 from dimmer.control.start_room import start_ceiling_w
 from dimmer.errors import from_validation_error
 from dimmer.observation import Actions, Observation, Reason
 from dimmer.site import SiteModel
-from dimmer.siteconfig import Strict
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 
 MAX_REASONS = 32  # per step; the rest are counted in one summary reason
-
-
-class DimmerParams(Strict):
-    """Every threshold, gain and period, with its default (docs/controller.md explains each)."""
-
-    period_s: float = Field(default=1.0, gt=0)  # nominal control period (the first step's dt)
-    # capping
-    soft_frac: float = Field(default=0.95, gt=0, lt=1)  # cuts start here (fraction of the rating in force)
-    release_frac: float = Field(default=0.93, gt=0, lt=1)  # caps rise freely below this (then to soft)
-    emergency_frac: float = Field(default=1.0, gt=0)  # envelope at this fraction of the rating: cut to soft at once
-    # ... and where the breaker reports its thermal state: it shows a load over its rating heating it minutes before
-    # it trips (I^2 t), so the controller needs no margin under the rating to react in; the margin soft_frac keeps
-    # is for a breaker whose only warning is its reading (site-99pct: rows at 99 % as an RMS lost 3 % of goodput)
-    reporting_soft_frac: float = Field(default=1.0, gt=0, le=1)
-    # breaker thermal state (1 = trip) that triggers the emergency path: 0.9 is a sustained ~1.09 x rating on a
-    # k = 1.15 breaker; a steady load at the soft threshold sits near 0.7
-    thermal_emergency_frac: float = Field(default=0.9, gt=0, le=1)
-    # A domain over its rating by less than this, whose breaker reports its thermal state and is under
-    # thermal_emergency_frac, is brought under it at the ramp the utility allows rather than in one step: the
-    # long-time (I^2 t) region, where the thermal state is the guard; 1.3 stays clear of the short-time pickups
-    # (1.5 x Ir at their lowest setting on IEC 60947-2 trip units), which trip in tenths of a second. 1.0: never.
-    pace_max_frac: float = Field(default=1.3, ge=1.0)
-    envelope_s: float = Field(default=10.0, gt=0)  # peak-hold window: several iterations of a 0.3-5 s swing
-    cap_rise_w_per_s: float = Field(default=20.0, gt=0)  # per GPU: caps rise slowly (GB300: 1.4 % of rated a second)
-    # grid shaping
-    forecast_tau_s: float = Field(default=20.0, ge=0)
-    # the battery follows the campus load's level (filters.SwingLevel over this many seconds of readings): it
-    # shapes the level, not the swing (a battery chasing a 0.2-3 Hz swing from 1 s readings arrives out of phase
-    # and amplifies it, and a reading in a trough looks like a fall to fill); a change no swing explains is
-    # followed within two periods
-    bess_level_s: float = Field(default=6.0, gt=0)
-    # a job that stopped drawing (a synchronous checkpoint stall, a crash) may come back in one tick: its racks'
-    # peak readings are held with this time constant in the load the interconnect must be able to take
-    return_hold_s: float = Field(default=120.0, ge=0)
-    # ... and held in full for this long after it was last reached, before it decays: a trace's idle lead-in or a
-    # dip of 15-20 s, decaying from its start, came back 15 % above the hold and took the campus over its limit
-    return_hold_full_s: float = Field(default=60.0, ge=0)
-    # how far above its highest 1 s reading a rack's swing may peak: a 40 % swing with a 30 % communication share
-    # peaks 14 % above its mean, and a reading that mixes phases sits between them (MODELS.md: 30-40 % swings)
-    hidden_peak_frac: float = Field(default=0.15, ge=0, le=1)
-    flat_frac: float = Field(default=0.01, ge=0, le=1)  # a window whose readings spread less is no swing
-    # a falling limit (a curtailment ramping down) is planned this many periods ahead: a reading, a decision and
-    # the GPUs' settling
-    limit_lead_periods: float = Field(default=2.0, ge=0)
-    # plan on this share of the utility ramp limit: the rest absorbs what the plan does not command (restart
-    # surges, BBU recharge ending, telemetry lag); 0.7 held every library scenario with no violation
-    ramp_margin_frac: float = Field(default=0.7, gt=0, le=1)
-    pcc_margin_frac: float = Field(default=0.97, gt=0, le=1)  # keep the grid this far under the interconnect limit
-    bess_soc_target_frac: float = Field(default=0.6, ge=0, le=1)
-    bess_soc_recovery_s: float = Field(default=1800.0, gt=0)  # time constant of the slow SoC recovery
-    bess_reserve_frac: float = Field(default=0.15, ge=0, le=1)  # SoC band above the minimum where reliance tapers
-    # A capped job may lean on the battery for the room between the release level and the interconnect's, at most
-    # what the battery's charge above its floor could give for this long (a lean it can keep, not one that empties
-    # it and leaves the caps to come down deeper later)
-    bess_lean_horizon_s: float = Field(default=3600.0, gt=0)
-    # trough filling
-    floor_release_w_per_s: float | None = Field(default=None, gt=0)  # per GPU; default: the ramp limit spread out
-    # what one GPU-second of goodput is worth in energy, where the two trade (floors held for a stopped job's return):
-    # $2.5 a GPU-hour (H100 on demand, 2026) against $0.08 a kWh (US industrial, EIA 2023) is 31 kJ; 0 pays none
-    goodput_worth_j_per_gpu_s: float = Field(default=30e3, ge=0)
-    fill_deadband_frac: float = Field(default=0.005, ge=0, le=0.2)  # of the interconnect limit: smaller falls pass
-    # rack storage: BBUs are backup units first (dimmer/control/rack_storage.py)
-    bbu_cycle_budget_per_day: float = Field(default=1.0, ge=0)  # depth-weighted full cycles a day, each BBU
-    bbu_reserve_s: float = Field(default=60.0, ge=0)  # ride-through kept: seconds of the rack's present load
-    bbu_recharge_full_tau_s: float = Field(default=300.0, gt=0)  # recharge tapers as the shelf nears full
-    # the racks' total recharge grows by at most this share of the utility's ramp step a period
-    bbu_recharge_ramp_frac: float = Field(default=0.1, gt=0, le=1)
-    # safety
-    stale_s: float = Field(default=5.0, gt=0)  # a reading older than this is not trusted
-    # PCC meter plausibility: the agreement band between the PCC reading and the rack-based estimate, as a share of
-    # the interconnect limit in force. Under the 3 % grid margin (pcc_margin_frac), so an under-reading the check
-    # lets through cannot by itself take the import over the limit; over a revenue meter's 0.2-0.5 % and the rack
-    # sum's error once its bias is learned (per-rack errors of 1-2 % average out over many racks).
-    pcc_check_frac: float = Field(default=0.02, gt=0, le=1)
-    pcc_learn_tau_s: float = Field(default=1800.0, gt=0)  # how slowly the unmetered overhead is learned
-    pcc_stuck_s: float = Field(default=3.0, gt=0)  # an exactly repeated PCC reading this long, racks moving: stuck
-    # the most that on-site generation behind the PCC meter gives: the import is never under the racks' sum by more
-    # (0, most campuses: a meter reading under the racks is wrong, a CT ratio say, and the racks stand in)
-    behind_meter_generation_w: float = Field(default=0.0, ge=0)
-    safe_cap_frac: float = Field(default=0.6, gt=0, le=1)  # of rated: where stale telemetry sends a cap
 
 
 class DimmerController:
@@ -140,6 +62,8 @@ class DimmerController:
         self.p = params
         gpu = site.gpu
         self.eta = site.rectifier_eff
+        self.rm = RackMath(site)  # the site's rack arithmetic, its constants worked out once
+        self.job_racks = site.rack_job >= 0
         self.gpus = job_gpus_per_domain(site)  # (n_domains, n_jobs)
         self.groups = priority_groups(site.job_priority)
         self.running_rack = (site.rack_job >= 0) & ~site.rack_is_spare
@@ -157,6 +81,10 @@ class DimmerController:
         self.rack_env = Window(site.n_racks, n_env)
         # cap rises granted over the last envelope window, newest first (W per domain): the RMS sees them late
         self.recent_rise_w = np.zeros((n_env, site.n_domains))
+        # which of its rows hold a rise, as far as this controller wrote them (_rises_unseen: worked out afresh for
+        # rows written from outside, a restored state)
+        self._rise_rows: BoolArray = np.zeros(n_env, dtype=bool)
+        self._rise_rows_of = self.recent_rise_w
         self.rise_unseen_frac = 1.0 - np.arange(n_env) / n_env
         # ... and over the newest half of the window (a domain's level against its rating, below)
         self.n_recent = max(1, n_env // 2)
@@ -210,7 +138,7 @@ class DimmerController:
             params.pcc_stuck_s,
             generation_w=params.behind_meter_generation_w,
         )
-        self.rack_max_w = site.rack_max_w()
+        self.rack_max_w = self.rm.rack_max_w
         # rack -> the domains above it (CSR rows), for the floors' bound
         self._rack_domains = sp.csr_array(site.incidence.T)
         self._rack_domains.sort_indices()
@@ -241,7 +169,7 @@ class DimmerController:
         """Each rack's per-GPU cap: its job's, or rated for racks with no job."""
         if not self.site.n_jobs:
             return np.full(self.site.n_racks, self.site.gpu.rated_w)
-        out: FloatArray = np.where(self.site.rack_job >= 0, self.cap_w[self.job_rack], self.site.gpu.rated_w)
+        out: FloatArray = np.where(self.job_racks, self.cap_w[self.job_rack], self.site.gpu.rated_w)
         return out
 
     def _job_reduce(self, ufunc: np.ufunc, rack_values: FloatArray | BoolArray, out: FloatArray | BoolArray) -> None:
@@ -249,6 +177,20 @@ class DimmerController:
         if self._run_order.size:
             seg = ufunc.reduceat(rack_values[self._run_order], self._run_starts)
             out[self._run_jobs] = ufunc(out[self._run_jobs], seg)
+
+    def _domain_rise_w(self, up: FloatArray) -> FloatArray:
+        """What per-GPU cap rises `up` (per job) add to each domain (W; none where no job rises)."""
+        if not up.any():
+            return np.zeros(self.site.n_domains)
+        out: FloatArray = self.gpus @ up / self.eta
+        return out
+
+    def _rises_unseen(self) -> bool:
+        """Some cap rise of the last envelope window is in `recent_rise_w` (a row not all zero)."""
+        if self._rise_rows_of is not self.recent_rise_w:
+            self._rise_rows = np.any(self.recent_rise_w != 0.0, axis=1)
+            self._rise_rows_of = self.recent_rise_w
+        return bool(self._rise_rows.any())
 
     def _caps_bind(self, gpu_env_w: FloatArray) -> bool:
         """Some running job's cap holds it below what it would draw: its racks' envelope reaches the cap (a cap
@@ -261,15 +203,20 @@ class DimmerController:
         self._job_reduce(np.maximum, gpu_env_w, job_peak)
         return bool(np.any(capped & (job_peak >= self.cap_w - self.p.cap_rise_w_per_s * self.p.period_s)))
 
-    def _job_hidden_frac(self, gpu_env_w: FloatArray) -> FloatArray:
+    def _job_hidden_frac(
+        self, gpu_env_w: FloatArray, rack_caps: FloatArray, rack_peak_w: FloatArray, rack_trough_w: FloatArray
+    ) -> FloatArray:
         """Per job, the share of its peak its readings may hide: `hidden_peak_frac` where its racks' window shows a
-        swing, none where every one of its racks read flat across the window (spread within `flat_frac`)."""
+        swing, none where every one of its racks read flat across the window (spread within `flat_frac`; the
+        window's peak and trough each rack read, NaN where none)."""
         site, p = self.site, self.p
         # (a reading above the rack's cap in force tells nothing of how it swings now: a rack cut from a flat 1,400 W
         # to 1,352 W read a 48 W spread across its window, its own cut taken for a swing)
-        peak = np.fmin(site.gpu_draw_for_rack_w(self.rack_env.peak()), self._rack_caps())
-        trough = site.gpu_draw_for_rack_w(self.rack_env.trough())
-        spread = np.where(np.isfinite(peak) & np.isfinite(trough), peak - trough, np.inf)
+        peak = np.fmin(self.rm.gpu_draw_for_rack_w(rack_peak_w), rack_caps)
+        trough = self.rm.gpu_draw_for_rack_w(rack_trough_w)
+        spread = peak - trough  # (finite only where both are: elsewhere no spread is known)
+        if not np.isfinite(spread).all():
+            spread = np.where(np.isfinite(peak) & np.isfinite(trough), spread, np.inf)
         swings = ~(spread <= p.flat_frac * np.fmax(gpu_env_w, 0.0))
         job_swings = np.zeros(site.n_jobs, dtype=bool)
         self._job_reduce(np.logical_or, swings, job_swings)
@@ -303,7 +250,7 @@ class DimmerController:
         for again in (True, True, False):  # two passes more, then what is still unmet
             new_cap = (effective - reduction)[self.job_rack]
             gives = np.where(flat_rack, np.maximum(draw_w - new_cap, 0.0), reduction[self.job_rack])
-            given_w = site.domain_load_w(gpus_rack * gives) / self.eta
+            given_w = self.rm.domain_load_w(gpus_rack * gives) / self.eta
             short_w = np.where(cut > 0, np.maximum(cut - given_w, 0.0), 0.0)
             unmet = np.where(short_w > 1e-6 * np.maximum(cut, 1.0), short_w, 0.0)  # (not float dust)
             if not (again and np.any(unmet > 0)):
@@ -336,7 +283,9 @@ class DimmerController:
         (`fall_room_w`): a paced cut is the controller's choice, and where the load falls by itself (an RL job
         going to its rollouts) the two together broke the rule (oversubscribed-row at seeds 1-3: 14-18 s)."""
         site = self.site
-        paced = over & (env < self.p.pace_max_frac * limit) & np.isfinite(obs.domain_thermal_frac)
+        paced = over.copy()
+        if paced[1:].any():  # (no domain over its rating below the campus: none paced)
+            paced &= (env < self.p.pace_max_frac * limit) & np.isfinite(obs.domain_thermal_frac)
         paced[0] = False
         if not (paced.any() and math.isfinite(ramp_step)):
             self.pace_level_w = np.full(site.n_domains, np.inf)
@@ -380,10 +329,10 @@ class DimmerController:
         excess_gpu = np.where(job_racks, np.maximum(floor_w - base_gpu_w, 0.0), 0.0)
         if not excess_gpu.any():
             return floor_w
-        base_rack = np.where(job_racks, site.rack_power_w(base_gpu_w), load_env)
-        base = site.domain_load_w(base_rack)
+        base_rack = np.where(job_racks, self.rm.rack_power_w(base_gpu_w), load_env)
+        base = self.rm.domain_load_w(base_rack)
         base[0] -= bess_w
-        added = site.domain_load_w(site.rack_active_gpus * excess_gpu / self.eta)
+        added = self.rm.domain_load_w(site.rack_active_gpus * excess_gpu / self.eta)
         room = np.maximum(limit - base, 0.0)
         share = np.where(added > room, room / np.maximum(added, 1e-9), 1.0)
         # the smallest share among the domains above each rack (every rack is under the campus: no empty segment)
@@ -406,10 +355,14 @@ class DimmerController:
         # flagged (a lost reading sent its job to the safe cap: 12 % of goodput on a site near no limit). A rack
         # without a fresh reading this period may not have its cap raised.
         fresh = np.isfinite(obs.rack_power_w) & (obs.rack_age_s <= p.stale_s)
-        self.rack_last_w = np.where(fresh, obs.rack_power_w, self.rack_last_w)
+        all_fresh = bool(fresh.all())  # (every reading arrived: the masks below are all one way)
+        self.rack_last_w = (
+            np.array(obs.rack_power_w, dtype=np.float64) if all_fresh
+            else np.where(fresh, obs.rack_power_w, self.rack_last_w)
+        )  # fmt: skip
         # The hold is timed from when the last good reading was taken, by our clock: a source that reports a NaN
         # as a fresh reading (its age does not grow) would otherwise have its last value held for ever.
-        seen_t_s = np.where(fresh, obs.t_s - obs.rack_age_s, -np.inf)
+        seen_t_s = obs.t_s - obs.rack_age_s if all_fresh else np.where(fresh, obs.t_s - obs.rack_age_s, -np.inf)
         self.rack_seen_t_s = np.maximum(self.rack_seen_t_s, seen_t_s)
         # A rack not yet heard from whose source says its reading is recent (one lost in the first periods) is
         # where a rack whose reading was lost after it was heard is: planned at the most it may draw, having no
@@ -417,41 +370,55 @@ class DimmerController:
         # nothing from it (late-lossy-meters at seed 1: one reading of 59 lost in the first period sent a
         # 3,776-GPU job to the safe cap, 0.16 % of the run's GPU time). And a source whose latest reading is
         # reported older than stale_s (a device never read) is stale at once, whatever we held.
-        unheard = ~np.isfinite(self.rack_last_w)
-        held = np.where(unheard, obs.t_s - self.first_t_s, obs.t_s - self.rack_seen_t_s) <= p.stale_s
-        rack_ok = (obs.rack_age_s <= p.stale_s) & held
-        rack_w = np.where(np.isfinite(self.rack_last_w), self.rack_last_w, site.rack_max_w())
-        from_racks = site.domain_load_w(rack_w)
+        if all_fresh:  # (each rack's last reading is this period's: none unheard)
+            rack_ok = (obs.rack_age_s <= p.stale_s) & (obs.t_s - self.rack_seen_t_s <= p.stale_s)
+            unknown = ~rack_ok
+            rack_w = self.rack_last_w
+        else:
+            unheard = ~np.isfinite(self.rack_last_w)
+            held = np.where(unheard, obs.t_s - self.first_t_s, obs.t_s - self.rack_seen_t_s) <= p.stale_s
+            rack_ok = (obs.rack_age_s <= p.stale_s) & held
+            unknown = ~rack_ok | unheard
+            rack_w = np.where(np.isfinite(self.rack_last_w), self.rack_last_w, self.rack_max_w)
         dom_ok = np.isfinite(obs.domain_power_w) & (obs.domain_age_s <= p.stale_s)
-        domain_w = np.where(dom_ok, obs.domain_power_w, from_racks)
+        # (the campus's reading is the PCC's, below, with the racks' sum its check: where every other meter reads,
+        # only the campus's sum is wanted)
+        if dom_ok[1:].all():
+            racks_sum_w = self.rm.campus_load_w(rack_w)
+            domain_w = obs.domain_power_w.astype(np.float64)
+        else:
+            from_racks = self.rm.domain_load_w(rack_w)
+            racks_sum_w = float(from_racks[0])
+            domain_w = np.where(dom_ok, obs.domain_power_w, from_racks)
         pcc_ok = math.isfinite(obs.pcc_power_w) and obs.pcc_age_s <= p.stale_s
         # the campus domain is the PCC: its meter and breaker carry the import, net of the battery behind it; the
         # reading is held to what the racks report, and where it is missing or implausible the racks stand in
         bess_now_w = obs.bess_power_w if obs.bess_online and math.isfinite(obs.bess_power_w) else 0.0
-        unknown_w = float(self.rack_max_w @ (~rack_ok | unheard))
-        pcc = self.pcc_check.update(
-            obs.pcc_power_w, pcc_ok, float(from_racks[0]), bess_now_w, unknown_w, obs.pcc_limit_w, dt
-        )
+        unknown_w = float(self.rack_max_w @ unknown.astype(np.float64)) if unknown.any() else 0.0
+        pcc = self.pcc_check.update(obs.pcc_power_w, pcc_ok, racks_sum_w, bess_now_w, unknown_w, obs.pcc_limit_w, dt)
         domain_w[0] = pcc.used_w
         if pcc.implausible:
             what = PHRASES[pcc.status]
             reasons.append(Reason("safety", what, domain=0, value_w=obs.pcc_power_w - pcc.estimate_w))
 
-        dom_peak = self.domain_env.update(domain_w)
+        self.domain_env.push(domain_w)
         # the racks' own load (before their BBUs): what the GPUs draw, what the BBUs must follow
         load_ok = rack_ok & np.isfinite(obs.rack_load_w)
-        load_w = np.where(load_ok, obs.rack_load_w, np.nan)
-        load_env = self.rack_env.update(load_w)
-        load_env = np.where(np.isfinite(load_env), load_env, rack_w)
-        peak_seen = self.peaks.update(obs.rack_load_peak_w, obs.t_s, load_ok, load_w, self.rack_env.trough())
+        load_w = obs.rack_load_w if load_ok.all() else np.where(load_ok, obs.rack_load_w, np.nan)
+        rack_peak_w = self.rack_env.update(load_w)
+        rack_trough_w = self.rack_env.trough()
+        peak_known = np.isfinite(rack_peak_w)
+        load_env = rack_peak_w if peak_known.all() else np.where(peak_known, rack_peak_w, rack_w)
+        peak_seen = self.peaks.update(obs.rack_load_peak_w, obs.t_s, load_ok, load_w, rack_trough_w)
         limit = np.asarray(obs.domain_limit_w, dtype=np.float64).copy()
 
         # Readings lag the caps by a period or two: what the racks can draw under the caps in force now bounds
         # every estimate below, or a cut already made would be made again every period until the readings catch up.
-        job_racks = site.rack_job >= 0
-        gpu_env = site.gpu_draw_for_rack_w(load_env)
-        under_caps = np.where(job_racks, site.rack_power_w(np.minimum(gpu_env, self._rack_caps())), load_env)
-        under_caps_w = site.domain_load_w(under_caps)
+        job_racks = self.job_racks
+        rack_caps = self._rack_caps()  # (the caps in force: this period's are decided below)
+        gpu_env = self.rm.gpu_draw_for_rack_w(load_env)
+        under_caps = np.where(job_racks, self.rm.rack_power_w(np.minimum(gpu_env, rack_caps)), load_env)
+        under_caps_w = self.rm.domain_load_w(under_caps)
 
         # What each rack may draw before its BBU this period. 1 s readings hide a swing's peaks, and a job that
         # stopped (a checkpoint stall, a crash) may return in one tick. So a job rack counts at its highest reading
@@ -465,25 +432,32 @@ class DimmerController:
         # and a rack under a cut that stays counted at its cap keeps the cut on its own job, not the one above it)
         decay: float | FloatArray = math.exp(-dt / p.return_hold_s) if p.return_hold_s > 0 else 0.0
         decay = np.where(obs.t_s - self.long_env_at_s < p.return_hold_full_s, 1.0, decay)
-        if n_jobs:
+        if n_jobs and not obs.job_running.all():
             decay = np.where((self.running_rack & obs.job_running[self.job_rack]) | ~self.running_rack, decay, 1.0)
-        reached = ~(load_env < self.long_env_w * decay)  # (and a first reading, or one after a lost hold)
+        decayed_w = self.long_env_w * decay
+        reached = ~(load_env < decayed_w)  # (and a first reading, or one after a lost hold)
         self.long_env_at_s = np.where(reached & np.isfinite(load_env), obs.t_s, self.long_env_at_s)
-        self.long_env_w = np.fmax(load_env, self.long_env_w * decay)
+        self.long_env_w = np.fmax(load_env, decayed_w)
         self.peaks.hold(decay)
+
         # (a cap binds where the job's peaks reach it, which its means may not show: counted as free, a cap held
         # at a swing's peak let the battery recharge into the room the job needed to come back, and meter-spike's
         # job stayed capped 360 s after the spike, 0.51 % of its GPU time)
-        gpu_peak_env = np.fmax(gpu_env, site.gpu_draw_for_rack_w(self.peaks.held_w))
+        # (worked out once, where it is asked)
+        @functools.cache
+        def caps_bind() -> bool:
+            return self._caps_bind(np.fmax(gpu_env, self.rm.gpu_draw_for_rack_w(self.peaks.held_w)))
+
         # (the higher of the cap commanded and the cap the GPUs report enforcing: a rack whose writes are lost, or
         # whose firmware ignores them, draws to the cap it has, not the one it was sent)
         enforced_w = np.where(np.isfinite(obs.rack_cap_w), obs.rack_cap_w, gpu.rated_w)
-        at_caps = site.rack_power_w(np.maximum(self._rack_caps(), enforced_w))
+        at_caps = self.rm.rack_power_w(np.maximum(rack_caps, enforced_w))
         # (never above what the rack can draw under its cap: readings lag a cut, and would have it made again)
-        hidden = np.fmin(at_caps, np.fmax(self.long_env_w * (1.0 + p.hidden_peak_frac), load_env))
+        held_peak_w = self.long_env_w * (1.0 + p.hidden_peak_frac)
+        hidden = np.fmin(at_caps, np.fmax(held_peak_w, load_env))
         bound_rack = np.where(job_rack_now, hidden, load_env)
         # racks that count at their caps: a cap change moves their bound
-        live_rack = job_rack_now & (at_caps <= self.long_env_w * (1.0 + p.hidden_peak_frac))
+        live_rack = job_rack_now & (at_caps <= held_peak_w)
         # A job rack whose job is not running (a stall, a crash, a restart) is held by its BBU near what it draws
         # now, as far as the BBU's power and reserve allow: a return then reaches the grid one period's increment
         # at a time while the battery charges, and costs the BBU a second or two of the surge, not a cycle.
@@ -493,40 +467,39 @@ class DimmerController:
         down = np.zeros(site.n_racks, dtype=bool)  # job racks whose job is not running
         stopped = down  # and those, with the racks of jobs that ran again only in the last few periods
         bridged_w = np.zeros(site.n_racks)  # what their BBUs may carry of a return
-        return_to_w = np.full(site.n_racks, np.inf)  # the most each would draw back below its caps (inf: its caps)
         return_w = return_gpus = 0.0  # what the racks of stopped jobs would add back, on how many GPUs
         if n_jobs:
             down = job_rack_now & ~obs.job_running[self.job_rack]
-            back_w = np.where(down, np.maximum(np.nan_to_num(self.long_env_w) - load_env, 0.0), 0.0)
-            return_w = float(back_w.sum())
-            return_gpus = float(site.rack_active_gpus[down].sum())
+            if down.any():
+                back_w = np.where(down, np.maximum(np.nan_to_num(self.long_env_w) - load_env, 0.0), 0.0)
+                return_w = float(back_w.sum())
+                return_gpus = float(site.rack_active_gpus[down].sum())
             # (and for four periods after its job runs again: the readings show a return a period late, and the
             # battery may still be charging under the bound the BBU held)
             self.job_run_since_s = np.where(obs.job_running, np.fmin(self.job_run_since_s, obs.t_s), np.inf)
             settling = obs.t_s - self.job_run_since_s < 4.0 * p.period_s
             stopped = job_rack_now & (~obs.job_running | settling)[self.job_rack]
             self.ran_at_w = np.where(job_rack_now & ~stopped, self.long_env_w, self.ran_at_w)
-            # (from this period's reading: the envelope still holds the draw from before the stop for its window)
-            now_w = np.fmin(at_caps, np.where(np.isfinite(load_w), load_w, load_env) * (1.0 + p.hidden_peak_frac))
-            shield = stopped & self.bbus.can_hold(obs.rack_bbu_soc_frac, bound_rack)
-            # a rack whose job runs again is held where its guard was (not at its rising reading) until the cut
-            # against the unguarded bound makes room: the guard then rises only by the room the battery leaves
-            settle = (obs.job_running & settling)[self.job_rack] & np.isfinite(self.prev_guard_w)
-            now_w = np.where(settle, np.fmin(now_w, self.prev_guard_w), now_w)
-            shielded_w = np.fmin(np.fmax(now_w, bound_rack - self.bbus.power_w), at_caps)
-            guard_extra_w = np.where(shield, np.maximum(bound_rack - shielded_w, 0.0), 0.0)
-            # the guard holds no lower than the BBU's wear allowance affords if the rack came back at its caps (a
-            # start it bridged on a short run would spend days of cycles); the start ceiling makes room for the rest
-            bridged_w = np.where(shield, np.fmin(self.bbus.affordable_w(p.period_s), self.bbus.power_w), 0.0)
-            guard_w = np.where(shield, np.fmax(shielded_w, at_caps - bridged_w), np.inf)
-            back = shield & (obs.job_running & settling)[self.job_rack]
-            returning_w = float(np.sum(np.where(back, guard_extra_w, 0.0)))
-            bound_rack = np.where(shield, shielded_w, bound_rack)
-            # a stopped job comes back to what its racks drew when it last ran (their held peak, with the peaks the
-            # readings hide), at most its caps; to its caps where it has not run since this controller started
-            return_to_w = np.where(np.isfinite(self.ran_at_w), self.ran_at_w * (1.0 + p.hidden_peak_frac), np.inf)
+            if stopped.any():
+                # (from this period's reading: the envelope still holds the draw from before the stop for its window)
+                now_w = np.fmin(at_caps, np.where(np.isfinite(load_w), load_w, load_env) * (1.0 + p.hidden_peak_frac))
+                shield = stopped & self.bbus.can_hold(obs.rack_bbu_soc_frac, bound_rack)
+                # a rack whose job runs again is held where its guard was (not at its rising reading) until the cut
+                # against the unguarded bound makes room: the guard then rises only by the room the battery leaves
+                settle = (obs.job_running & settling)[self.job_rack] & np.isfinite(self.prev_guard_w)
+                now_w = np.where(settle, np.fmin(now_w, self.prev_guard_w), now_w)
+                shielded_w = np.fmin(np.fmax(now_w, bound_rack - self.bbus.power_w), at_caps)
+                guard_extra_w = np.where(shield, np.maximum(bound_rack - shielded_w, 0.0), 0.0)
+                # the guard holds no lower than the BBU's wear allowance affords if the rack came back at its caps (a
+                # start it bridged on a short run would spend days of cycles); the start ceiling makes room for the rest
+                if shield.any():
+                    bridged_w = np.where(shield, np.fmin(self.bbus.affordable_w(p.period_s), self.bbus.power_w), 0.0)
+                guard_w = np.where(shield, np.fmax(shielded_w, at_caps - bridged_w), np.inf)
+                back = shield & (obs.job_running & settling)[self.job_rack]
+                returning_w = float(np.sum(np.where(back, guard_extra_w, 0.0)))
+                bound_rack = np.where(shield, shielded_w, bound_rack)
         # the campus also carries what no rack meter sees (the overhead the PCC shows) and the BBUs' recharge
-        overhead_w = max(float(domain_w[0]) + bess_now_w - float(from_racks[0]), 0.0)
+        overhead_w = max(float(domain_w[0]) + bess_now_w - racks_sum_w, 0.0)
         campus_bound_w = float(np.sum(bound_rack)) + overhead_w + float(self.bbus.recharge_w.sum())
         # ... of which the racks whose peak readings show their swing's peak draw only their held peak: the rest is
         # the prior's, which the battery may take on at the ramp while the caps leave it be (a first reading 15 %
@@ -578,7 +551,7 @@ class DimmerController:
         b = site.bess
         soc_pull = soc_pull_w(b, obs.bess_soc_frac, obs.bess_online, p.bess_soc_target_frac, p.bess_soc_recovery_s,
                               p.ramp_margin_frac, site.ramp_limit_w_per_min, site.ramp_window_s)  # fmt: skip
-        if soc_pull > 0 and self._caps_bind(gpu_peak_env):
+        if soc_pull > 0 and caps_bind():
             soc_pull = 0.0  # recharge from surplus only, never with power a capped job could use
         battery_back = obs.bess_online and not self.bess_was_online and site.bess.energy_j > 0
         self.bess_was_online = obs.bess_online
@@ -611,7 +584,8 @@ class DimmerController:
         # racks' jobs are stopped (rack_back_w: each rack with its stopped job back)
         self.bound_w, self.prior_w, self.return_w, self.return_gpus = cut_bound_w, unmeasured_w, return_w, return_gpus
         self.rack_bound_w, self.rack_down = bound_rack, down
-        self.all_measured = bool(np.all(peak_seen[running_racks]))
+        measured_all = not (running_racks & ~peak_seen).any()  # (every running rack's peak measured)
+        self.all_measured = measured_all
         prev = bus_w if self.grid_target_w is None else self.grid_target_w
         target = forecast + soc_pull
         # A load its caps hold back would rise if they let it: the grid target follows it up as far as the ramp
@@ -619,7 +593,7 @@ class DimmerController:
         # floors). Following a low-pass of the capped load instead, the target lagged it by the ramp times the
         # low-pass's time constant and the caps could rise only by what it gained: a job start climbed at
         # ramp / (1 + forecast_tau_s / period_s), 0.07 of 1.5 MW/min, and lost 25 % of goodput.
-        held_back = self.grid_target_w is not None and self._caps_bind(gpu_peak_env)
+        held_back = self.grid_target_w is not None and caps_bind()
         if math.isfinite(ramp_step):
             if held_back:
                 target = max(target, min(prev + ramp_step, max(bus_caps_w, bus_now_w)))
@@ -655,7 +629,7 @@ class DimmerController:
         # ramp, a curtailment, outruns it, and the caps must lead it as the readings cannot)
         gaining = cut_bound_w - grid_cap - self.prev_bound_excess_w < ramp_in
         self.prev_bound_excess_w = cut_bound_w - grid_cap
-        all_measured = gaining and bool(running_racks.any()) and bool(np.all(peak_seen[running_racks]))
+        all_measured = gaining and bool(running_racks.any()) and measured_all
         if not gaining:
             unmeasured_w = 0.0
         self.bound_cover_w = max(min(cover_w, self.bound_cover_w + ramp_in), 0.0)
@@ -679,23 +653,23 @@ class DimmerController:
         env = np.fmin(env, under_caps_w)
         # the campus: the readings' peak, and the most its racks may draw, as they will be once the battery moves
         # to its new setpoint
-        seen_w = min(float(dom_peak[0]) + bess_now_w, cut_bound_w) - bess_w
+        seen_w = min(self.domain_env.peak_of(0) + bess_now_w, cut_bound_w) - bess_w
         env[0] = max(cut_bound_w - bess_w, seen_w)
         reporting = np.isfinite(obs.domain_thermal_frac)
         soft = np.where(reporting, p.reporting_soft_frac, p.soft_frac) * limit
         # at the PCC the battery holds the level up to the grid target's ceiling; caps dim only the rest
         soft[0] = p.pcc_margin_frac * limit[0]
         cut = progressive_cut_w(env, soft, limit)
-        thermal = np.nan_to_num(obs.domain_thermal_frac, nan=0.0)
+        # (a breaker's thermal state, where it reports one: NaN compares as no emergency, as a state of 0 would)
+        hot = obs.domain_thermal_frac >= p.thermal_emergency_frac
         over = env >= p.emergency_frac * limit
-        emergency = over | (thermal >= p.thermal_emergency_frac)
+        emergency = over | hot
         emergency[0] = seen_w >= p.emergency_frac * limit[0]  # the bound is a worst case, not a reading
-        cut = np.where(emergency, np.maximum(cut, env - soft), cut)
+        if emergency.any():
+            cut = np.where(emergency, np.maximum(cut, env - soft), cut)
         # (how far the import may fall from its level now, as the ramp rule measures it)
         fall_room_w = max(min(bus_w, bus_now_w) - bess_w - room_lo_w, 0.0)
-        cut, paced = self._pace_cuts(
-            cut, env, soft, limit, over & ~(thermal >= p.thermal_emergency_frac), obs, ramp_step, fall_room_w
-        )
+        cut, paced = self._pace_cuts(cut, env, soft, limit, over & ~hot, obs, ramp_step, fall_room_w)
         # the campus is cut to its bound below, once the jobs' other cuts are known; here the readings and the ramp
         cut[0] = max(grid_cut, seen_w - soft[0] if emergency[0] else 0.0)
         release = soft - (p.soft_frac - p.release_frac) * limit
@@ -703,11 +677,14 @@ class DimmerController:
 
         # 4. rack storage: over a soft threshold the BBUs (within their reserve and wear budget) take the excess
         # before a cap does; what they relieve is not cut from the jobs (an emergency cuts regardless)
-        no_room = np.where(cut > 0, np.inf, 0.0)
-        rack_room = self.bbus.relief_scale(np.maximum(env + no_room, 0.0), release) >= 1.0
+        cutting = cut > 0
+        if cutting.any():
+            rack_room = self.bbus.relief_scale(np.maximum(env + np.where(cutting, np.inf, 0.0), 0.0), release) >= 1.0
+        else:  # (no cut: every domain's room is its envelope's)
+            rack_room = self.bbus.relief_scale(np.maximum(env, 0.0), release) >= 1.0
         ramp_rise_w = ramp_step * p.bbu_recharge_ramp_frac if math.isfinite(ramp_step) else math.inf
         # (a paced cut is no reason to discharge: the BBUs' relief would be a step of its own, on and off)
-        scale = self.bbus.relief_scale(np.where(paced, 0.0, env), soft)
+        scale = self.bbus.relief_scale(np.where(paced, 0.0, env) if paced.any() else env, soft)
         # a guarded rack's BBU takes only what the interconnect could not: the room left under the limit once the
         # battery has its setpoint is shared by the guarded racks, in proportion to what the guard holds back
         extra_sum_w = float(guard_extra_w.sum())
@@ -719,22 +696,26 @@ class DimmerController:
         threshold, recharge, relief_rack = self.bbus.step(
             dt, obs.rack_bbu_soc_frac, bound_rack, scale, rack_room, ramp_rise_w, guard_w
         )
-        relief = site.domain_load_w(relief_rack)
         self.prev_guard_w = np.where(np.isfinite(guard_w), guard_w, np.inf)
-        cut_campus = cut[0]
-        cut = np.where(emergency, cut, np.maximum(cut - relief, 0.0))
-        cut[0] = cut_campus  # the ramp's cut is on the level, which the BBUs' peak shaving does not move
+        if relief_rack.any():
+            relief = self.rm.domain_load_w(relief_rack)
+            cut_campus = cut[0]
+            cut = np.where(emergency, cut, np.maximum(cut - relief, 0.0))
+            cut[0] = cut_campus  # the ramp's cut is on the level, which the BBUs' peak shaving does not move
+        else:  # (no BBU relieves: every cut stands as it is, none below zero)
+            relief = np.zeros(site.n_domains)
         # A rise granted k periods ago is in only the last k readings of the window, so the RMS shows a share of it:
         # the headroom is what is left once the rest is counted, or caps would climb past the release level for as
         # many periods as the window takes to catch up.
         # (The campus is held on its peak, which shows a rise one reading later: nothing to count there.)
-        unseen_w = self.rise_unseen_frac @ self.recent_rise_w
+        rises = self._rises_unseen()  # (none in the window: none unseen, and the window stays as it is)
+        unseen_w = self.rise_unseen_frac @ self.recent_rise_w if rises else np.zeros(site.n_domains)
         unseen_w[0] = 0.0
         # A domain counts at the higher of its window's RMS and its newest half window's (each with the rises it has
         # not yet shown): the RMS lags a step in the load by the window, and caps rose on the old readings past the
         # rating once they left it, to be cut again (the stateful machine at its long profile: a row stepped from 25 %
         # to full load read 125 kW of RMS against 200 kW, and was planned at 223 kW on its 220 kW rating).
-        unseen_recent_w = self.rise_unseen_recent_frac @ self.recent_rise_w
+        unseen_recent_w = self.rise_unseen_recent_frac @ self.recent_rise_w if rises else np.zeros(site.n_domains)
         recent_w = np.fmin(self.domain_env.rms_recent(self.n_recent), under_caps_w) + unseen_recent_w
         seen_level_w = np.fmax(env + unseen_w, recent_w)
         headroom = np.maximum(release - seen_level_w, 0.0)
@@ -766,7 +747,7 @@ class DimmerController:
             # (its peak and the share a swing may hide; none where its readings are flat, a load that does not
             # swing) holds nothing: cut from there, or the first cuts are spent above the draw and a rack over its
             # rating waits a window more for its cut (found by the stateful machine at its long profile).
-            hidden_frac = self._job_hidden_frac(gpu_env)
+            hidden_frac = self._job_hidden_frac(gpu_env, rack_caps, rack_peak_w, rack_trough_w)
             job_peak_bound = np.minimum(gpu.rated_w, job_peak * (1.0 + hidden_frac))
             effective = np.where(
                 self.cap_w < gpu.rated_w, np.minimum(self.cap_w, job_peak_bound), np.minimum(gpu.rated_w, job_peak)
@@ -776,8 +757,9 @@ class DimmerController:
             reduction, unmet = self._shed_past_the_draw(cut, reduction, unmet, effective, room, hidden_frac, gpu_env)
             new_cap = np.where(reduction > 0, effective - reduction, self.cap_w)
             # the interconnect against its bound: the live racks at these caps, after the battery and the BBUs
-            live_gpus = self._live_gpus(live_rack)
-            bound_w = cut_bound_w + float(live_gpus @ (new_cap - self.cap_w)) / self.eta
+            cap_change = new_cap - self.cap_w
+            live_gpus = self._live_gpus(live_rack) if cap_change.any() else None  # (no change: it moves nothing)
+            bound_w = cut_bound_w + (0.0 if live_gpus is None else float(live_gpus @ cap_change)) / self.eta
             # (the measured bound against the battery now, the prior's against the cover the battery is taking on;
             # where every job rack's peak is measured, the margin under the limit is the cover's to make as well)
             measured_ceiling_w = pcc_limit_w if all_measured else float(soft[0])
@@ -786,6 +768,7 @@ class DimmerController:
             )
             over_w -= float(relief[0])
             if over_w > 0:
+                live_gpus = self._live_gpus(live_rack) if live_gpus is None else live_gpus
                 more, left = shed(np.array([over_w]), live_gpus[None, :], np.maximum(new_cap - gpu.min_cap_w, 0.0),
                                   self.groups, self.eta)  # fmt: skip
                 new_cap = new_cap - more
@@ -803,11 +786,13 @@ class DimmerController:
             headroom[0] = min(headroom[0], max(float(release[0]) - import_w, 0.0) + lean_room_w)
             # rise: slowly, within headroom, never for a job with untrusted telemetry
             stale_job = np.zeros(n_jobs, dtype=bool)
-            stale_job[site.rack_job[self.running_rack & ~rack_ok]] = True
+            if not rack_ok.all():
+                stale_job[site.rack_job[self.running_rack & ~rack_ok]] = True
             if not pcc_ok:
                 stale_job[:] = True
             late_job = stale_job.copy()
-            late_job[site.rack_job[self.running_rack & ~fresh]] = True
+            if not all_fresh:
+                late_job[site.rack_job[self.running_rack & ~fresh]] = True
             rise = np.minimum(p.cap_rise_w_per_s * dt, gpu.rated_w - new_cap)
             # (a cut this period lowers where it goes back to by the cut, rather than ending its way back: a 2 kW cut
             # at the campus in the period of its start sent gb-frequency-event's finetune up at the slow rise, 30 s)
@@ -815,7 +800,7 @@ class DimmerController:
                 new_cap >= self.ceiled_from_w - reduction, np.nan, self.ceiled_from_w - reduction
             )
             back_up = obs.job_running & np.isfinite(self.ceiled_from_w)
-            rise = np.where(back_up, np.fmax(rise, np.nan_to_num(self.ceiled_from_w - new_cap)), rise)
+            rise = np.where(back_up, np.fmax(rise, nan_to_num(self.ceiled_from_w - new_cap)), rise)
             want = np.maximum(np.where((reduction > 0) | late_job, 0.0, rise), 0.0)
             up = grant(headroom, self.gpus, want, self.groups, self.eta)
             # A capped job may take the band between the release and soft levels too, as far as the soft level: a
@@ -828,36 +813,49 @@ class DimmerController:
             # kW on a 220 kW row). A job back from its start ceiling has the campus's too, its whole width: it is
             # where a cut from above would have left it, had it come back at its old cap.
             more_want = np.where(reduction <= 0, np.maximum(want - up, 0.0), 0.0)
-            band_left_w = np.maximum(soft - np.maximum(release, seen_level_w), 0.0)
+            rise_w = self._domain_rise_w(up)
             for from_ceiling in (True, False) if back_up.any() else (False,):
+                asking = np.where(back_up == from_ceiling, more_want, 0.0)
+                if not np.any(asking > 0):
+                    continue  # (nothing asked: the grant is none)
+                band_left_w = np.maximum(soft - np.maximum(release, seen_level_w), 0.0)
                 # (the campus's own band only for a job back from its start ceiling: the campus's headroom is
                 # also the ramp rule's room, which a band on top of it would overrun)
                 band_left_w[0] = max(float(soft[0] - release[0]), 0.0) if from_ceiling else 0.0
-                band_w = np.where(cut > 0, 0.0, headroom - self.gpus @ up / self.eta + band_left_w)
-                asking = np.where(back_up == from_ceiling, more_want, 0.0)
-                up = up + grant(np.maximum(band_w, 0.0), self.gpus, asking, self.groups, self.eta)
-            self.recent_rise_w = np.roll(self.recent_rise_w, 1, axis=0)
-            self.recent_rise_w[0] = self.gpus @ up / self.eta
+                band_w = np.where(cut > 0, 0.0, headroom - rise_w + band_left_w)
+                more = grant(np.maximum(band_w, 0.0), self.gpus, asking, self.groups, self.eta)
+                up = up + more
+                if more.any():
+                    rise_w = self._domain_rise_w(up)
+            if rises or rise_w.any():
+                self.recent_rise_w = np.roll(self.recent_rise_w, 1, axis=0)
+                self.recent_rise_w[0] = rise_w
+                self._rise_rows = np.roll(self._rise_rows, 1)
+                self._rise_rows[0] = bool(rise_w.any())
+                self._rise_rows_of = self.recent_rise_w
             new_cap = new_cap + up
             # a stopped job is held where its return fits what is left under the soft levels, with the battery's
             # charge where it is: the return arrives within a tick, the battery's release a period later
-            planned_w = env + self.recent_rise_w[0]
-            planned_w[0] = import_w + held_up_w + self.recent_rise_w[0][0]
-            room_w = soft - planned_w
             unceiled_w = new_cap
-            new_cap = start_ceiling_w(
-                site,
-                new_cap,
-                obs.job_running,
-                down,
-                np.fmin(load_env, bound_rack),
-                np.where(np.isfinite(guard_w), np.clip(at_caps - guard_w, 0.0, bridged_w), 0.0),
-                room_w,
-                self.gpus,
-                self.groups,
-                self.eta,
-                return_to_w,
-            )
+            if down.any() and not obs.job_running.all():
+                planned_w = env + self.recent_rise_w[0]
+                planned_w[0] = import_w + held_up_w + self.recent_rise_w[0][0]
+                # a stopped job comes back to what its racks drew when it last ran (their held peak, with the peaks
+                # the readings hide), at most its caps; to its caps where it has not run since this controller began
+                return_to_w = np.where(np.isfinite(self.ran_at_w), self.ran_at_w * (1.0 + p.hidden_peak_frac), np.inf)
+                new_cap = start_ceiling_w(
+                    site,
+                    new_cap,
+                    obs.job_running,
+                    down,
+                    np.fmin(load_env, bound_rack),
+                    np.where(np.isfinite(guard_w), np.clip(at_caps - guard_w, 0.0, bridged_w), 0.0),
+                    soft - planned_w,
+                    self.gpus,
+                    self.groups,
+                    self.eta,
+                    return_to_w,
+                )
             # once it runs again, it goes back to the cap the ceiling took from it as fast as the headroom allows
             # (not at the slow rise: the ceiling was for the tick of its return, which the battery has now met)
             self.ceiled_from_w = np.where(
@@ -870,9 +868,11 @@ class DimmerController:
             self.cap_w = new_cap
         rack_cap = self._rack_caps()
         stale_rack = ~rack_ok | (not pcc_ok)
-        rack_cap = np.where(stale_rack, np.minimum(rack_cap, self.safe_cap_w), rack_cap)
+        if stale_rack.any():
+            rack_cap = np.where(stale_rack, np.minimum(rack_cap, self.safe_cap_w), rack_cap)
         # (nor does a rack's cap rise, with or without a job, in a period its reading did not arrive)
-        rack_cap = np.where(fresh, rack_cap, np.minimum(rack_cap, self.prev_rack_cap_w))
+        if not all_fresh:
+            rack_cap = np.where(fresh, rack_cap, np.minimum(rack_cap, self.prev_rack_cap_w))
         self.prev_rack_cap_w = rack_cap
 
         # 3. trough filling -----------------------------------------------------------------------------------------
@@ -880,25 +880,30 @@ class DimmerController:
         # against its own cap. Domains with a cut (the campus aside, whose cut is the grid's) exclude their racks.
         # Nor on a running job that is capped: there a floor only lifts the swing's troughs toward the cap, burning
         # energy against the cut that made the fall. A crashed, stopped or idle job's racks may be filled.
-        cutting = cut > 0
-        cutting[0] = False
-        # a floor starts from the swing's trough (the least recent reading), not from a reading: floored from a 1 s
-        # mean, the troughs below it are filled and the level the next reading shows is lifted by the floor itself
-        trough_w = self.rack_env.trough()
-        draw_now = site.gpu_draw_for_rack_w(np.where(np.isfinite(trough_w), np.fmin(trough_w, rack_w), rack_w))
-        capped_running = np.zeros(site.n_racks, dtype=bool)
-        if n_jobs:
-            job_held = obs.job_running & (self.cap_w < gpu.rated_w)
-            capped_running = job_racks & job_held[self.job_rack]
-        fillable = job_racks & ~capped_running & ~(site.incidence.T @ cutting.astype(np.float64) > 0)
-        n_fill = float(np.sum(site.rack_active_gpus[fillable]))
-        floor_release = self.floor_release_w_per_s * dt
         # (nor while the campus itself is cut: a floor would burn energy in the room its caps are clearing, as under
         # a curtailment that falls faster than the ramp rule lets the import follow)
-        if fill_w > fill_deadband_w and n_fill > 0 and cut[0] <= 0:
+        filling = fill_w > fill_deadband_w and cut[0] <= 0
+        n_fill = 0.0
+        if filling:  # (the racks that may be filled, only where there is a fall to fill)
+            cutting = cut > 0
+            cutting[0] = False
+            # a floor starts from the swing's trough (the least recent reading), not from a reading: floored from a
+            # 1 s mean, the troughs below it are filled and the level the next reading shows is lifted by the floor
+            trough_w = rack_trough_w
+            draw_now = self.rm.gpu_draw_for_rack_w(np.where(np.isfinite(trough_w), np.fmin(trough_w, rack_w), rack_w))
+            capped_running = np.zeros(site.n_racks, dtype=bool)
+            if n_jobs:
+                job_held = obs.job_running & (self.cap_w < gpu.rated_w)
+                capped_running = job_racks & job_held[self.job_rack]
+            fillable = job_racks & ~capped_running
+            if cutting.any():
+                fillable &= ~(self._rack_domains @ cutting.astype(np.float64) > 0)
+            n_fill = float(np.sum(site.rack_active_gpus, where=fillable))
+        floor_release = self.floor_release_w_per_s * dt
+        if filling and n_fill > 0:
             lift = fill_w * self.eta / n_fill
             # no domain is filled past its soft threshold: bound the lift by each domain's room over its fill GPUs
-            fill_gpus = site.domain_load_w(np.where(fillable, site.rack_active_gpus, 0).astype(np.float64))
+            fill_gpus = self.rm.domain_load_w(np.where(fillable, site.rack_active_gpus, 0).astype(np.float64))
             # (at the campus against the readings: a floor holds a rack below what it drew running, so it does not
             # raise the bound the interconnect is held on; _bound_floors keeps the plan under the limit)
             env_fill = env.copy()
@@ -914,7 +919,7 @@ class DimmerController:
             self.floor_w = np.maximum(self.floor_w - floor_release, 0.0)  # released at the ramp limit
         self.floor_w = np.minimum(self.floor_w, rack_cap)  # a floor never holds a GPU above its cap
         # what each job rack is planned to draw under its cap without a floor: the base every floor is measured from
-        planned_gpu = np.where(job_racks, np.minimum(site.gpu_draw_for_rack_w(load_env), rack_cap), 0.0)
+        planned_gpu = np.where(job_racks, np.minimum(gpu_env, rack_cap), 0.0)
         self.floor_w = self._bound_floors(self.floor_w, planned_gpu, load_env, limit, bess_w)
         floor = gpu.clamp_floor_w(self.floor_w)
 
@@ -923,8 +928,8 @@ class DimmerController:
             reasons.append(Reason("rack-storage", what, value_w=float(relief_rack.sum())))
 
         # planned load of every domain under these caps and floors, for the audit and the safety check
-        planned_rack = np.where(job_racks, site.rack_power_w(np.maximum(planned_gpu, floor)), load_env)
-        planned = site.domain_load_w(planned_rack)
+        planned_rack = np.where(job_racks, self.rm.rack_power_w(np.maximum(planned_gpu, floor)), load_env)
+        planned = self.rm.domain_load_w(planned_rack)
         over = (planned > obs.domain_limit_w) & ~paced
         carried = over & (relief > 0)  # the BBUs under it take the excess this period: load was left, not shed
         if carried.any():
@@ -939,8 +944,11 @@ class DimmerController:
 
         # a guard holds no lower than its rack at the caps it now has, less what its BBU may afford to bridge (the
         # caps of a job that runs again may have risen past those the guard was set under)
-        guarded = np.isfinite(threshold) & (relief_rack <= 0) & (bridged_w < self.bbus.power_w)
-        threshold = np.where(guarded, np.fmax(threshold, site.rack_power_w(rack_cap) - bridged_w), threshold)
+        guarded = np.isfinite(threshold)
+        if guarded.any():
+            guarded &= (relief_rack <= 0) & (bridged_w < self.bbus.power_w)
+        if guarded.any():
+            threshold = np.where(guarded, np.fmax(threshold, self.rm.rack_power_w(rack_cap) - bridged_w), threshold)
         return Actions(
             rack_cap_w=rack_cap,
             rack_floor_w=floor,

@@ -21,11 +21,36 @@ class Window:
     def __init__(self, n: int, length: int) -> None:
         self._buf = np.full((max(length, 1), n), np.nan)
         self._i = 0
+        # the samples written by `update` that hold no NaN: a window of those has its RMS in one pass, from each
+        # sample's squares worked out once (a buffer written from outside, a restored state, counts as holding NaN
+        # until each sample is written anew)
+        self._whole = np.zeros(self._buf.shape[0], dtype=bool)
+        self._sq: FloatArray | None = None  # each sample's squares, where `_sq_ok` (allocated at the first RMS)
+        self._sq_ok = np.zeros(self._buf.shape[0], dtype=bool)
 
     def update(self, x: FloatArray) -> FloatArray:
-        self._buf[self._i] = x
-        self._i = (self._i + 1) % self._buf.shape[0]
+        self.push(x)
         return self.peak()
+
+    def push(self, x: FloatArray) -> None:
+        """Take a sample (`update` without the peak)."""
+        self._buf[self._i] = x
+        self._whole[self._i] = not np.isnan(self._buf[self._i]).any()
+        self._sq_ok[self._i] = False
+        self._i = (self._i + 1) % self._buf.shape[0]
+
+    def peak_of(self, j: int) -> float:
+        """`peak()[j]`, without the others."""
+        return float(np.fmax.reduce(self._buf[:, j]))
+
+    def _squares(self) -> FloatArray:
+        """Every sample squared (the window written by `update` only: see `_whole`)."""
+        if self._sq is None:
+            self._sq = np.empty_like(self._buf)
+        for r in np.flatnonzero(~self._sq_ok):
+            np.square(self._buf[r], out=self._sq[r])
+        self._sq_ok[:] = True
+        return self._sq
 
     def peak(self) -> FloatArray:
         # (fmax passes over NaN and is NaN only where every sample is: one pass, no masked copies of the window)
@@ -40,10 +65,26 @@ class Window:
     def rms_recent(self, k: int) -> FloatArray:
         """The root-mean-square over the newest `k` samples only (NaN where they hold none)."""
         k = min(max(k, 1), self._buf.shape[0])
-        return _rms(self._buf[(self._i - 1 - np.arange(k)) % self._buf.shape[0]])
+        idx = (self._i - 1 - np.arange(k)) % self._buf.shape[0]
+        if self._whole[idx].all():
+            return _rms_of_squares(self._squares(), idx)
+        return _rms(self._buf[idx])
 
     def rms(self) -> FloatArray:
+        if self._whole.all():
+            return _rms_of_squares(self._squares(), np.arange(self._buf.shape[0]))
         return _rms(self._buf)
+
+
+def _rms_of_squares(sq: FloatArray, rows: npt.NDArray[np.intp]) -> FloatArray:
+    """`_rms` of `rows` of the samples, where they hold no NaN, from their squares `sq`: the same sums, row after
+    row as `sum(axis=0)` adds them, without the masks or a copy of the rows."""
+    total = sq[rows[0]].copy()
+    for r in rows[1:]:
+        total += sq[r]
+    total /= float(rows.shape[0])
+    out: FloatArray = np.sqrt(total, out=total)
+    return out
 
 
 def _rms(rows: FloatArray) -> FloatArray:
@@ -87,11 +128,16 @@ def progressive_cut_w(envelope_w: FloatArray, soft_w: FloatArray, hard_w: FloatA
     cut = e - (h + s) / 2                for e > h         (the same slope as the quadratic at h: no kink)
     so the planned load e - cut never exceeds (h + s) / 2 < h, and the cut is continuous with a continuous slope.
     """
+    if not (np.any(envelope_w > soft_w) or np.any(envelope_w > hard_w)):
+        # (nothing over its soft threshold, nor its hard one: no cut anywhere, the quadratic's 0)
+        return np.zeros(np.broadcast(envelope_w, soft_w, hard_w).shape)
     span = np.maximum(hard_w - soft_w, 1e-9)
     over = np.maximum(envelope_w - soft_w, 0.0)
     quad = over * over / (2.0 * span)
     lin = envelope_w - 0.5 * (hard_w + soft_w)
     out: FloatArray = np.where(envelope_w > hard_w, lin, quad)
+    if np.isfinite(out).all():
+        return out
     return np.nan_to_num(out, nan=0.0)
 
 
@@ -178,7 +224,7 @@ class SwingLevel:
         self.stepped = False
         if math.isnan(x):
             return self.level()
-        self._hist = np.roll(self._hist, -1)
+        self._hist[:-1] = self._hist[1:]  # (shifted in place: np.roll's copy, without the new array)
         self._hist[-1] = x
         self._set_window()
         valid = self._last()
@@ -204,7 +250,7 @@ class SwingLevel:
         valid = self._last()
         valid = valid[~np.isnan(valid)]
         self.span = max(self.span * self._decay, float(valid.max() - valid.min()))
-        return self.level()
+        return float(valid.mean())  # (the level: these readings hold x at least)
 
     def restart(self) -> None:
         """Forget the window's readings: the level is learned afresh (the span and the period's history are kept:

@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 import scipy.sparse as sp
 
+from dimmer.control.rack_math import nan_to_num
 from dimmer.site import SiteModel
 from dimmer.wear import DAY_S, SOC_TURN_HYSTERESIS, depth_for_weight, depth_weight
 
@@ -52,16 +53,39 @@ class HalfCycles:
         self.turn = np.full(n, np.nan)  # SoC at the last turning point
         self.extreme = np.full(n, np.nan)  # the run's furthest value since it
         self.direction = np.zeros(n, dtype=np.int8)  # +1 rising, -1 falling, 0 not yet moved
+        # the SoC the last update took, and the state it left: the same SoC again moves nothing (a run neither
+        # turns nor starts nor reaches further on the values it has already taken), so it is not worked through
+        self._last_soc: FloatArray | None = None
+        self._left: tuple[FloatArray, FloatArray, npt.NDArray[np.int8]] | None = None
 
     def update(self, soc: FloatArray) -> FloatArray:
         """Take this period's SoC (NaN: unknown, skipped); return each rack's weight closed now (full cycles)."""
+        left = self._left
+        if (
+            left is not None
+            and self.h > 0
+            and left[0] is self.turn
+            and left[1] is self.extreme
+            and left[2] is self.direction
+            and _same_bits(soc, self._last_soc)
+        ):
+            return np.zeros(soc.shape)  # (the shelves' SoC as last period: every run as it was)
+        closed = self._update(soc)
+        self._last_soc = np.array(soc, dtype=np.float64, order="C")
+        self._left = (self.turn, self.extreme, self.direction)
+        return closed
+
+    def _update(self, soc: FloatArray) -> FloatArray:
         known = np.isfinite(soc)
         fresh = known & ~np.isfinite(self.turn)
         self.turn = np.where(fresh, soc, self.turn)
         self.extreme = np.where(fresh, soc, self.extreme)
         d, ext = self.direction, self.extreme
         turned = known & (((d > 0) & (soc <= ext - self.h)) | ((d < 0) & (soc >= ext + self.h)))
-        closed = np.where(turned, 0.5 * depth_weight(np.abs(ext - self.turn) / self.window), 0.0)
+        if turned.any():
+            closed = np.where(turned, 0.5 * depth_weight(np.abs(ext - self.turn) / self.window), 0.0)
+        else:
+            closed = np.zeros(soc.shape)
         self.turn = np.where(turned, ext, self.turn)
         self.direction = np.where(turned, -d, d).astype(np.int8)
         start = known & (self.direction == 0) & (np.abs(soc - ext) >= self.h)
@@ -73,8 +97,15 @@ class HalfCycles:
 
     def open_depth(self) -> FloatArray:
         """Depth (share of the window) of the run under way; 0 where none."""
-        out: FloatArray = np.nan_to_num(np.abs(self.extreme - self.turn) / self.window, nan=0.0)
+        out: FloatArray = nan_to_num(np.abs(self.extreme - self.turn) / self.window, nan=0.0)
         return out
+
+
+def _same_bits(a: FloatArray, b: FloatArray | None) -> bool:
+    """`a` holds exactly the values (to the bit) of the float64 array `b`."""
+    if b is None or a.dtype != np.float64 or a.shape != b.shape or not a.flags.c_contiguous:
+        return False
+    return bool(np.array_equal(a.view(np.int64), b.view(np.int64)))
 
 
 class BbuPolicy:
@@ -83,6 +114,7 @@ class BbuPolicy:
     def __init__(self, site: SiteModel, cycle_budget_per_day: float, reserve_s: float, recharge_full_tau_s: float):
         rs = site.rack_storage
         self.has = rs.bbu_energy_j > 0
+        self._all_have = bool(self.has.all())
         self.energy_j = rs.bbu_energy_j.astype(np.float64)
         self.power_w = rs.bbu_power_w.astype(np.float64)
         self.rated_recharge_w = np.minimum(rs.bbu_recharge_w, rs.bbu_power_w).astype(np.float64)
@@ -94,6 +126,7 @@ class BbuPolicy:
         self.allowance = np.zeros(site.n_racks)
         self.cycles = HalfCycles(site.n_racks, self.soc_max - self.soc_min)
         self.reserve_s = reserve_s
+        self._reserve_j = self.energy_j * self.discharge_eff  # what each shelf gives an outage, all of it
         self.full_tau_s = recharge_full_tau_s
         self.recharge_w = np.zeros(site.n_racks)
         self.given_w = np.zeros(site.n_racks)  # the relief planned last period: the SoC read now may not show it
@@ -104,13 +137,12 @@ class BbuPolicy:
     def reserve_soc(self, load_w: FloatArray) -> FloatArray:
         """The SoC each shelf keeps: `reserve_s` of its rack's present load as an outage draws it, at least the
         shaving floor."""
-        need = np.divide(
-            self.reserve_s * np.maximum(load_w, 0.0),
-            self.energy_j * self.discharge_eff,
-            out=np.zeros_like(load_w),
-            where=self.has,
-        )
-        out: FloatArray = np.clip(need, self.soc_min, self.soc_max)
+        need = self.reserve_s * np.maximum(load_w, 0.0)
+        if self._all_have:
+            need /= self._reserve_j
+        else:
+            need = np.divide(need, self._reserve_j, out=np.zeros_like(load_w), where=self.has)
+        out: FloatArray = np.minimum(np.maximum(need, self.soc_min), self.soc_max)  # (np.clip's, without its wrapper)
         return out
 
     def affordable_w(self, dt_s: float) -> FloatArray:
@@ -131,8 +163,8 @@ class BbuPolicy:
 
     def can_hold(self, soc: FloatArray, bound_w: FloatArray) -> BoolArray:
         """Where a shelf can take a rack's surge for a period or two: present, SoC known and above its reserve."""
-        soc_k = np.nan_to_num(soc, nan=-1.0)
-        out: BoolArray = self.has & (soc_k > self.reserve_soc(np.nan_to_num(bound_w, nan=0.0)))
+        soc_k = nan_to_num(soc, nan=-1.0)
+        out: BoolArray = self.has & (soc_k > self.reserve_soc(nan_to_num(bound_w, nan=0.0)))
         return out
 
     def relief_scale(self, planned_w: FloatArray, soft_w: FloatArray) -> FloatArray:
@@ -164,42 +196,57 @@ class BbuPolicy:
         until it does (kept only above the reserve).
         """
         known = np.isfinite(soc) & self.has
-        spent = self.cycles.update(np.where(self.has, soc, np.nan))
+        spent = self.cycles.update(soc if self._all_have else np.where(self.has, soc, np.nan))
         refill = self.budget * dt_s / DAY_S
         self.allowance = np.minimum(self.allowance + refill - spent, self.budget)
-        # the relief under way, closed by the recharge that follows it, is a whole cycle of its depth
-        opened = depth_weight(self.cycles.open_depth()) * (self.cycles.direction < 0)
-
-        reserve = self.reserve_soc(np.nan_to_num(bound_w, nan=0.0))
-        soc_k = np.nan_to_num(soc, nan=self.soc_min)
-        can_give = known & (soc_k > reserve) & (self.allowance - opened > 0)
+        reserve = self.reserve_soc(nan_to_num(bound_w, nan=0.0))
+        soc_k = nan_to_num(soc, nan=self.soc_min)
         guard = np.full_like(bound_w, np.inf) if guard_w is None else guard_w
-        # (not a guarded rack: its job is stopped or not yet started, and may come back within the period to far
-        # over the bound its idle readings give; a relief threshold there took the surge of a start, 0.44 % of the
-        # shelf in one period where the relief planned 0.45 kW, prometheus-campus's finetune at 180 s)
-        relieve = can_give & (scale < 1.0) & ~np.isfinite(guard)
-        guard = np.where(known & (soc_k > reserve), guard, np.inf)
-        energy_left_w = np.where(relieve, (soc_k - reserve) * self.energy_j * self.discharge_eff / max(dt_s, 1e-3), 0.0)
-        # and no more in a period than the allowance left buys: stopping the relief only once the cycle under way
-        # has cost the allowance let each shelf's last period of relief overrun it (commands-delayed: 1.04
-        # depth-weighted cycles a day, interruption-storm 1.27, prometheus-campus 1.57, on a budget of 1)
-        afford_w = self.affordable_w(dt_s)
-        excess_w = np.maximum(bound_w - np.maximum(bound_w * scale, 0.0), 0.0)
-        relief = np.where(
-            relieve, np.minimum(np.minimum(excess_w, self.power_w), np.minimum(energy_left_w, afford_w)), 0.0
-        )
-        relief = np.maximum(relief, 0.0)
-        relieve = relieve & (relief > 0)
-        threshold = np.where(relieve, bound_w - relief, guard)
+        asked = scale < 1.0
+        if asked.any():
+            # the relief under way, closed by the recharge that follows it, is a whole cycle of its depth
+            falling = self.cycles.direction < 0
+            opened = depth_weight(self.cycles.open_depth()) * falling if falling.any() else np.zeros(soc.shape)
+            can_give = known & (soc_k > reserve) & (self.allowance - opened > 0)
+            # (not a guarded rack: its job is stopped or not yet started, and may come back within the period to
+            # far over the bound its idle readings give; a relief threshold there took the surge of a start, 0.44 %
+            # of the shelf in one period where the relief planned 0.45 kW, prometheus-campus's finetune at 180 s)
+            relieve = can_give & asked & ~np.isfinite(guard)
+        else:  # (no domain asks for relief: no shelf gives it)
+            relieve = np.zeros(soc.shape, dtype=bool)
+        # (a guard holds only above the reserve; none held: none to drop)
+        guard = guard.copy() if (guard == np.inf).all() else np.where(known & (soc_k > reserve), guard, np.inf)
+        if relieve.any():
+            energy_left_w = np.where(
+                relieve, (soc_k - reserve) * self.energy_j * self.discharge_eff / max(dt_s, 1e-3), 0.0
+            )
+            # and no more in a period than the allowance left buys: stopping the relief only once the cycle under
+            # way has cost the allowance let each shelf's last period of relief overrun it (commands-delayed: 1.04
+            # depth-weighted cycles a day, interruption-storm 1.27, prometheus-campus 1.57, on a budget of 1)
+            afford_w = self.affordable_w(dt_s)
+            excess_w = np.maximum(bound_w - np.maximum(bound_w * scale, 0.0), 0.0)
+            relief: FloatArray = np.where(
+                relieve, np.minimum(np.minimum(excess_w, self.power_w), np.minimum(energy_left_w, afford_w)), 0.0
+            )
+            relief = np.maximum(relief, 0.0)
+            relieve = relieve & (relief > 0)
+            threshold = np.where(relieve, bound_w - relief, guard)
+        else:  # (no shelf relieves: none is asked what it may afford)
+            relief, threshold = np.zeros(bound_w.shape), guard
         self.given_w = relief
 
         # recharge: with room, never while relieving; rises slowly, tapers to 0 as a shelf fills. A shelf under its
         # reserve recharges without room (the caps make it): ride-through comes before goodput
-        want = known & (room | (soc_k < reserve)) & ~relieve & (soc_k < self.soc_max - 1e-4)
-        taper_w = np.maximum(self.soc_max - soc_k, 0.0) * self.energy_j / self.full_tau_s
-        top_w = np.minimum(self.rated_recharge_w, taper_w)
-        n_want = int(np.count_nonzero(want))
-        rise = recharge_rise_w / n_want if n_want else 0.0
-        rise = rise if math.isfinite(rise) else float(np.max(self.rated_recharge_w, initial=0.0))
-        self.recharge_w = np.where(want, np.minimum(self.recharge_w + rise, top_w), 0.0)
+        want = soc_k < self.soc_max - 1e-4
+        if want.any():  # (every shelf full: none recharges)
+            want &= known & (room | (soc_k < reserve)) & ~relieve
+        if want.any():
+            taper_w = np.maximum(self.soc_max - soc_k, 0.0) * self.energy_j / self.full_tau_s
+            top_w = np.minimum(self.rated_recharge_w, taper_w)
+            n_want = int(np.count_nonzero(want))
+            rise = recharge_rise_w / n_want
+            rise = rise if math.isfinite(rise) else float(np.max(self.rated_recharge_w, initial=0.0))
+            self.recharge_w = np.where(want, np.minimum(self.recharge_w + rise, top_w), 0.0)
+        else:
+            self.recharge_w = np.zeros(soc.shape)
         return threshold, self.recharge_w.copy(), relief

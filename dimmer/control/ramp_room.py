@@ -26,6 +26,9 @@ class RampRoom:
         self.n = max(1, round(window_s / period_s))
         self.n_seed = max(1, min(self.n, round(seed_s / period_s)))
         self.history_w: FloatArray = np.full(2 * self.n, np.nan)  # oldest first; NaN before the first reading
+        self._tau = np.arange(1, self.n + 1, dtype=np.float64)  # periods ahead
+        self._k = np.arange(1, self.n + 1)
+        self._c = np.zeros(2 * self.n + 1)  # c[k] = sum of the history's first k readings
 
     @property
     def seen(self) -> int:
@@ -65,9 +68,10 @@ class RampRoom:
         if not self.known or not math.isfinite(budget_w):
             return -math.inf, math.inf
         n, h = self.n, self._history()
-        tau = np.arange(1, n + 1, dtype=np.float64)  # periods ahead
-        c = np.concatenate(([0.0], np.cumsum(h)))  # c[k] = sum of h[:k]
-        k = np.arange(1, n + 1)
+        tau = self._tau  # periods ahead
+        c = self._c  # c[k] = sum of h[:k]
+        np.cumsum(h, out=c[1:])
+        k = self._k
         kept = c[2 * n] - c[n + k]  # the readings the window ending tau periods ahead still holds
         before = c[n + k] - c[k]  # the window the rule compares it with
         base = (before - kept) / tau  # the level that leaves that window's mean unchanged

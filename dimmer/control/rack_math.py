@@ -1,0 +1,109 @@
+"""The site's rack arithmetic with its constants worked out once: what `Controller.step` calls a dozen times a period.
+
+`SiteModel.rack_power_w`, `gpu_draw_for_rack_w` and `domain_load_w` rebuild their per-rack constants on every call;
+at 14,080 racks each rebuild is a few full-length passes. These give the same numbers, operation for operation and in
+the same order (so to the last bit: tests/test_rack_math.py holds them to it), from constants kept here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from dimmer.site import SiteModel
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+_MAX = float(np.finfo(np.float64).max)
+
+
+class RackMath:
+    def __init__(self, site: SiteModel) -> None:
+        self.site = site
+        gpu = site.gpu
+        idle_gpus = site.gpus_per_rack - site.rack_active_gpus
+        self._active = site.rack_active_gpus.astype(np.float64)
+        self._idle_w = idle_gpus * gpu.idle_w
+        self._host_w = site.gpus_per_rack * gpu.host_overhead_w
+        self._fixed_w = idle_gpus * gpu.idle_w + site.gpus_per_rack * gpu.host_overhead_w
+        self._per_gpu = np.maximum(site.rack_active_gpus, 1).astype(np.float64)
+        self._eff = site.rectifier_eff
+        self.rack_max_w = site.rack_max_w()
+        self._csum = np.zeros(site.n_racks + 1)
+        runs = _level_runs(site.domain_rack_start, site.domain_rack_stop)
+        # (a tree of a few levels is a few runs; anything else is gathered, as the site does it)
+        self._levels = runs if len(runs) <= 64 else None
+
+    def rack_power_w(self, gpu_draw_w: FloatArray) -> FloatArray:
+        """`site.rack_power_w` for a `(n_racks,)` vector."""
+        out: FloatArray = self._active * gpu_draw_w
+        out += self._idle_w
+        out += self._host_w
+        out /= self._eff
+        return out
+
+    def gpu_draw_for_rack_w(self, rack_w: FloatArray) -> FloatArray:
+        """`site.gpu_draw_for_rack_w` for a `(n_racks,)` vector."""
+        out: FloatArray = rack_w * self._eff
+        out -= self._fixed_w
+        out /= self._per_gpu
+        return out
+
+    def campus_load_w(self, rack_w: FloatArray) -> float:
+        """`domain_load_w(rack_w)[0]` (the campus's), without the other domains' differences."""
+        if rack_w.dtype != np.float64 or rack_w.ndim != 1:
+            return float(self.site.domain_load_w(rack_w)[0])
+        csum = self._csum
+        np.cumsum(rack_w, out=csum[1:])
+        return float(csum[self.site.domain_rack_stop[0]] - csum[self.site.domain_rack_start[0]])
+
+    def domain_load_w(self, rack_w: FloatArray) -> FloatArray:
+        """`site.domain_load_w` for a `(n_racks,)` float vector: the same cumulative sum, differenced level by level
+        over strided views rather than gathered."""
+        if rack_w.dtype != np.float64 or rack_w.ndim != 1:
+            return self.site.domain_load_w(rack_w)
+        csum = self._csum
+        np.cumsum(rack_w, out=csum[1:])
+        if self._levels is None:
+            gathered: FloatArray = csum[self.site.domain_rack_stop] - csum[self.site.domain_rack_start]
+            return gathered
+        out = np.empty(self.site.n_domains)
+        for first, stop, rack0, span in self._levels:
+            k = stop - first
+            if k == 1:
+                out[first] = csum[rack0 + span] - csum[rack0]
+            else:
+                np.subtract(csum[rack0 + span : rack0 + span * k + 1 : span],
+                            csum[rack0 : rack0 + span * (k - 1) + 1 : span], out=out[first:stop])  # fmt: skip
+        return out
+
+
+def nan_to_num(x: FloatArray, nan: float = 0.0) -> FloatArray:
+    """`np.nan_to_num(x, nan=nan)`, without its four passes where every value is finite (then `x` itself: the
+    caller must not write to it)."""
+    if np.isfinite(x).all():
+        return x
+    # (np.nan_to_num's three replacements, without its wrappers)
+    out: FloatArray = np.array(x, dtype=np.float64)
+    np.copyto(out, nan, where=np.isnan(out))
+    np.copyto(out, _MAX, where=out == np.inf)
+    np.copyto(out, -_MAX, where=out == -np.inf)
+    return out
+
+
+def _level_runs(start: IntArray, stop: IntArray) -> list[tuple[int, int, int, int]]:
+    """(first domain, stop domain, first rack, racks each) of every run of domains that tile consecutive equal
+    spans of racks: each run's sums are two strided views of the cumulative sum. A lone domain (or an empty one) is
+    a run of one."""
+    runs: list[tuple[int, int, int, int]] = []
+    n = int(start.shape[0])
+    i = 0
+    while i < n:
+        span = int(stop[i] - start[i])
+        j = i + 1
+        while span > 0 and j < n and int(start[j]) == int(stop[j - 1]) and int(stop[j] - start[j]) == span:
+            j += 1
+        runs.append((i, j, int(start[i]), span))
+        i = j
+    return runs

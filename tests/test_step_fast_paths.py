@@ -1,0 +1,134 @@
+"""The shortcuts Controller.step takes give what the long way gives, to the last bit: the decisions must not move.
+
+RackMath is the site's rack arithmetic with its constants kept; a Window of whole samples takes its RMS from squares
+kept a sample at a time; the BBUs' cycle counter skips a SoC it has already taken; nan_to_num skips finite values.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dimmer.control.filters import Window, _rms
+from dimmer.control.rack_math import RackMath, nan_to_num
+from dimmer.control.rack_storage import HalfCycles
+from gridsim.scenario import load_scenario
+
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
+SITES = ("swing-8k.toml", "sites/two-buildings.toml", "sites/staggered-starts.toml", "sites/bare-racks.toml")
+
+
+@pytest.mark.parametrize("name", SITES)
+def test_rack_math_is_the_sites_to_the_bit(name: str) -> None:
+    site = load_scenario(SCENARIOS / name, []).site()
+    rm = RackMath(site)
+    rng = np.random.default_rng(7)
+    assert np.array_equal(rm.rack_max_w, site.rack_max_w())
+    for _ in range(20):
+        x = rng.random(site.n_racks) * 10.0 ** rng.integers(-2, 6)
+        x[rng.random(site.n_racks) < 0.05] = np.nan
+        x[rng.random(site.n_racks) < 0.02] = np.inf
+        for mine, theirs in (
+            (rm.rack_power_w, site.rack_power_w),
+            (rm.gpu_draw_for_rack_w, site.gpu_draw_for_rack_w),
+            (rm.domain_load_w, site.domain_load_w),
+        ):
+            with np.errstate(invalid="ignore"):  # (inf - inf in the sums, in both)
+                assert np.array_equal(mine(x), theirs(x), equal_nan=True)
+        finite = np.nan_to_num(x, nan=1.0, posinf=2.0)
+        assert np.array_equal(rm.domain_load_w(finite), site.domain_load_w(finite))
+        assert np.array_equal(rm.domain_load_w(finite > 1.0), site.domain_load_w(finite > 1.0))
+
+
+def test_domain_sums_of_a_tree_that_does_not_tile() -> None:
+    """Domains that are no tiling of equal spans (a hand-made site) are gathered as the site does."""
+    from dataclasses import replace
+
+    site = load_scenario(SCENARIOS / "sites/two-buildings.toml", []).site()
+    start = site.domain_rack_start.copy()
+    stop = site.domain_rack_stop.copy()
+    stop[-1] = start[-1]  # an empty domain at the end
+    odd = replace(site, domain_rack_start=start, domain_rack_stop=stop)
+    x = np.random.default_rng(1).random(site.n_racks)
+    assert np.array_equal(RackMath(odd).domain_load_w(x), odd.domain_load_w(x))
+
+
+def _bits(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a).tobytes()
+
+
+def test_window_rms_of_whole_samples_is_the_masked_rms() -> None:
+    rng = np.random.default_rng(3)
+    w = Window(500, 10)
+    for step in range(40):
+        x = rng.random(500) * 10.0 ** rng.integers(0, 7)
+        if step in (3, 4, 25):  # a sample with NaN: the masked path until it has left the window
+            x[rng.random(500) < 0.1] = np.nan
+        w.update(x)
+        assert _bits(w.rms()) == _bits(_rms(w._buf))
+        for k in (1, 3, 5, 10):
+            idx = (w._i - 1 - np.arange(k)) % 10
+            assert _bits(w.rms_recent(k)) == _bits(_rms(w._buf[idx]))
+
+
+def test_window_written_from_outside_is_taken_as_it_is() -> None:
+    """A restored buffer (written past `update`) is never read through squares kept for the old one."""
+    w = Window(50, 4)
+    for _ in range(6):
+        w.update(np.ones(50))
+    w.rms()
+    fresh = Window(50, 4)  # (the daemon restores into a new window, as here)
+    fresh._buf[...] = np.arange(200.0).reshape(4, 50)
+    assert _bits(fresh.rms()) == _bits(_rms(fresh._buf))
+
+
+def _cycles_state(c: HalfCycles) -> tuple[bytes, bytes, bytes]:
+    return _bits(c.turn), _bits(c.extreme), _bits(c.direction)
+
+
+def test_half_cycles_skip_a_soc_they_have_taken() -> None:
+    """The same SoC twice: the second update, skipped, leaves what a full one would (and closes nothing)."""
+    rng = np.random.default_rng(5)
+    fast, full = HalfCycles(300, 0.9), HalfCycles(300, 0.9)
+    soc = rng.random(300)
+    for step in range(60):
+        if step % 3:  # two periods in three the shelves move; one in three they hold
+            soc = np.clip(soc + rng.normal(0.0, 0.01, 300) * (rng.random(300) < 0.5), 0.0, 1.0)
+            soc[rng.random(300) < 0.02] = np.nan
+        closed_fast = fast.update(soc)
+        closed_full = full._update(soc)
+        assert _bits(closed_fast) == _bits(closed_full)
+        assert _cycles_state(fast) == _cycles_state(full)
+
+
+def test_nan_to_num_is_numpys() -> None:
+    x = np.array([np.nan, np.inf, -np.inf, 1.5, -0.0, 0.0])
+    for nan in (0.0, -1.0, 0.3):
+        assert _bits(nan_to_num(x, nan=nan)) == _bits(np.nan_to_num(x, nan=nan))
+    finite = np.array([1.0, 2.0])
+    assert nan_to_num(finite) is finite
+
+
+def _progressive_cut_long_way(e: np.ndarray, s: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """progressive_cut_w as it was before it skipped a vector with nothing over."""
+    span = np.maximum(h - s, 1e-9)
+    over = np.maximum(e - s, 0.0)
+    out = np.where(e > h, e - 0.5 * (h + s), over * over / (2.0 * span))
+    return np.nan_to_num(out, nan=0.0)
+
+
+def test_progressive_cut_with_nothing_over_is_the_formulas() -> None:
+    from dimmer.control.filters import progressive_cut_w
+
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        n = int(rng.integers(1, 40))
+        h = rng.random(n) * 100.0
+        s = h * rng.uniform(0.5, 1.0, n)
+        e = s * rng.uniform(0.0, 1.2 if rng.random() < 0.5 else 1.0, n)
+        for arr in (e, s, h):
+            arr[rng.random(n) < 0.05] = rng.choice([np.nan, np.inf, -np.inf])
+        with np.errstate(invalid="ignore"):
+            assert _bits(progressive_cut_w(e, s, h)) == _bits(_progressive_cut_long_way(e, s, h))
