@@ -12,7 +12,9 @@ device's campus record and all 44 buildings' registers and writing 44 budgets an
 machine cannot run 44 building daemons beside the plant: the other buildings are stand-ins, one process serving each
 one's registers with a report fixed at its safe budget (their racks run uncontrolled, so the plant's own figures
 are no controlled run: only the cycle times are the figures here). Issue #13's targets: coordinator cycle p99 and
-building cycle p99 each at most 100 ms.
+building cycle p99 each at most 100 ms. Besides the wall time of a cycle (which on a small machine includes waiting
+for the plant's and the stand-ins' processes to answer), each daemon's own CPU time a cycle: what the level costs
+the host it runs on.
 
 Prints figures; never passes or fails. The figures depend on the machine (printed first) and on what else runs.
 """
@@ -56,12 +58,14 @@ def main() -> None:
         print(f"prometheus-campus, {duration:g} s at 1x, {args.live} of 44 building daemons live")
         print(f"coordinator: {stats['daemon_cycles']} cycles, {stats['daemon_overruns']} over the 1 s period, "
               f"cycle {stats['coordinator_cycle_ms_p50']} / {stats['coordinator_cycle_ms_p99']} ms p50 / p99 "
-              "(target p99 <= 100 ms)")  # fmt: skip
+              f"(target p99 <= 100 ms), its own CPU {stats['coordinator_cycle_cpu_ms_p50']} / "
+              f"{stats['coordinator_cycle_cpu_ms_p99']} ms")  # fmt: skip
         for name, b in stats["buildings"].items():
             print(f"building {name} (23,040 GPUs): {b.get('daemon_cycles')} cycles, {b.get('daemon_overruns')} "
                   f"overruns, cycle {b.get('daemon_cycle_ms_p50')} / {b.get('daemon_cycle_ms_p99')} ms p50 / p99 "
-                  f"(target p99 <= 100 ms), {b.get('budgets_received')} budgets, {b.get('lease_expiries')} "
-                  "lease expiries")  # fmt: skip
+                  f"(target p99 <= 100 ms), its own CPU {b.get('daemon_cycle_cpu_ms_p50')} / "
+                  f"{b.get('daemon_cycle_cpu_ms_p99')} ms, {b.get('budgets_received')} budgets, "
+                  f"{b.get('lease_expiries')} lease expiries")  # fmt: skip
         print(json.dumps({k: v for k, v in stats.items() if k.endswith("_ms_p99") or k.endswith("_ms_p50")}))
 
 

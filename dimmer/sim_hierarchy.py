@@ -227,6 +227,7 @@ class HierarchyRun:
     def stats(self) -> dict[str, Any]:
         c = self.coordinator
         coord = percentiles_ms(c.cycle_s.values() if c is not None else np.zeros(0))
+        coord_cpu = percentiles_ms(c.cycle_cpu_s.values() if c is not None else np.zeros(0))
         buildings: dict[str, Any] = {}
         for name in self.configs:  # (the live ones)
             path = self.out / name / "daemon.json"
@@ -244,6 +245,8 @@ class HierarchyRun:
             "daemon_writes": c.n_writes if c is not None else 0,
             "coordinator_cycle_ms_p50": coord["p50"],
             "coordinator_cycle_ms_p99": coord["p99"],
+            "coordinator_cycle_cpu_ms_p50": coord_cpu["p50"],
+            "coordinator_cycle_cpu_ms_p99": coord_cpu["p99"],
             "building_cycle_ms_p50": max(known50) if known50 else None,
             "building_cycle_ms_p99": max(known99) if known99 else None,
             "buildings": buildings,
@@ -287,12 +290,15 @@ def main_building(argv: Sequence[str]) -> int:
 
     daemon = asyncio.run(main())
     cyc = percentiles_ms(daemon.cycle_s.values())
+    cpu = percentiles_ms(daemon.cycle_cpu_s.values())
     stats = {
         "daemon_cycles": daemon.n_cycles,
         "daemon_overruns": daemon.n_overruns,
         "daemon_cycle_ms_p50": cyc["p50"],
         "daemon_cycle_ms_p99": cyc["p99"],
         "daemon_cycle_ms_max": cyc["max"],
+        "daemon_cycle_cpu_ms_p50": cpu["p50"],
+        "daemon_cycle_cpu_ms_p99": cpu["p99"],
         "daemon_writes": daemon.n_writes,
         "budgets_received": daemon.building.server.n_budgets if daemon.building else 0,
         "lease_expiries": daemon.building.server.lease_expiries if daemon.building else 0,

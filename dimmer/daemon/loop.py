@@ -182,6 +182,7 @@ class Daemon:
         self.n_writes = 0
         self.last: CycleResult | None = None
         self.cycle_s = RecentDurations()  # wall seconds of the latest cycles
+        self.cycle_cpu_s = RecentDurations()  # ... and the CPU seconds this process spent in them
         self.wrote = False  # this process has written a setpoint (only then does a stop write safe caps)
         self._stop: asyncio.Event | None = None  # created in run(), on the running loop
         self._stop_requested = False
@@ -337,7 +338,7 @@ class Daemon:
 
     async def cycle(self) -> CycleResult | None:
         """One read -> decide -> write cycle; None while STARTING waits for the devices' first readings."""
-        t_start = self.clock()
+        t_start, cpu_start = self.clock(), time.process_time()
         fresh = await asyncio.gather(*(self._read(h) for h in self.handles))
         site, safety = self.loaded.site, self.loaded.config.safety
         for h, r in zip(self.handles, fresh, strict=True):
@@ -404,6 +405,7 @@ class Daemon:
         self.n_cycles += 1
         self.n_writes += ok
         self.cycle_s.append(cycle_s)
+        self.cycle_cpu_s.append(time.process_time() - cpu_start)  # (this process's own work, whatever else runs)
         self.metrics.publish(obs, act, cycle_s, step_s)
         self.audit.write(
             {
