@@ -165,10 +165,13 @@ def test_served_plant_reads_back_its_observation(tmp_path: Path) -> None:
         assert s.values["pcc_limit_w"] == obs.pcc_limit_w and s.values["ramp_limit_w_per_min"] == 0.5e6
         assert s.values["grid_freq_hz"] == pytest.approx(obs.grid_freq_hz, abs=1e-4)
         assert r.values["lease_state"] == 0 and r.values["safe_cap_w"] == pytest.approx(srv.safe_cap_w)
-        m, b = await meter.read(), await battery.read()
+        for _ in range(20):  # (the SunSpec devices have no update counter: reads no publication came between)
+            last, count = srv.last_obs, srv.update_count
+            m, b = await meter.read(), await battery.read()
+            if srv.update_count == count:
+                break
         assert m.ok and b.ok, (m.error, b.error)
-        last = srv.last_obs
-        assert last is not None
+        assert last is not None and srv.update_count == count
         resolution_w = 10.0**srv.meter_sf  # int16 + W_SF
         assert abs(m.values["power_w"] - last.pcc_power_w) <= resolution_w  # type: ignore[operator]
         assert b.values["soc_frac"] == pytest.approx(last.bess_soc_frac, abs=1e-4)
