@@ -638,3 +638,26 @@ def test_a_site_split_over_units_reads_as_one(tmp_path: Path, monkeypatch: pytes
             await srv.stop()
 
     asyncio.run(go())
+
+
+def test_a_coordinator_goes_on_through_a_sighup(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """SIGHUP's default ends a process: under systemd a `reload` would have taken the campus's budgets away."""
+    import os
+    import signal
+
+    _, flat = _flat(tmp_path)
+    cfg = validate_config(coordinator_config(flat, {"b0": 5030, "b1": 5031}), "campus.json", tmp_path)
+
+    async def go() -> None:
+        coord = CoordinatorDaemon(cfg, metrics_address=None)
+        coord.install_signal_handlers()
+        try:
+            os.kill(os.getpid(), signal.SIGHUP)
+            await asyncio.sleep(0.1)
+        finally:
+            coord.audit.close()
+            coord.metrics.close()
+
+    with caplog.at_level("WARNING", logger="dimmer.coordinator"):
+        asyncio.run(go())
+    assert any("does not reload" in r.getMessage() for r in caplog.records)

@@ -124,6 +124,9 @@ class CoordinatorDaemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
+        # (SIGHUP's default would end the process: a `systemctl reload` must not take the campus's budgets away)
+        said = "SIGHUP: a coordinator does not reload its config; restart it to apply one"
+        loop.add_signal_handler(signal.SIGHUP, lambda: log.warning(said))
 
     async def run(self) -> None:
         self._stop = asyncio.Event()
