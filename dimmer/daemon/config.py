@@ -168,6 +168,11 @@ class DaemonSpec(Strict):
             parse_address(v)
         return v
 
+    @property
+    def read_timeout_in_force_s(self) -> float:
+        """A whole device read's bound, on the daemon's clock: the configured one, or half the period."""
+        return self.read_timeout_s if self.read_timeout_s is not None else 0.5 * self.period_s
+
 
 class BuildingSpec(Strict):
     """This daemon controls one building of the site, under a campus coordinator (docs/daemon.md, "The

@@ -239,8 +239,7 @@ class Daemon:
 
     @property
     def timeout_wall_s(self) -> float:
-        t = self.loaded.config.daemon.read_timeout_s
-        return (t if t is not None else 0.5 * self.loaded.config.daemon.period_s) / self.speed
+        return self.loaded.config.daemon.read_timeout_in_force_s / self.speed
 
     def _watchdog_error(self, loaded: LoadedConfig) -> InputError | None:
         """Why `loaded` cannot run inside the systemd watchdog (one WATCHDOG=1 a cycle), or None when it can."""

@@ -57,7 +57,7 @@ def watchdog_error(
     if watchdog_s is None:
         return None
     d = loaded.config.daemon
-    timeout_s = d.read_timeout_s if d.read_timeout_s is not None else 0.5 * d.period_s  # the daemon's clock
+    timeout_s = d.read_timeout_in_force_s  # the daemon's clock
     at = f" at clock x{speed:g}" if speed != 1.0 else ""
     if not d.period_s / speed < 0.5 * watchdog_s:
         return InputError(
