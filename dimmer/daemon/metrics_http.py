@@ -32,6 +32,7 @@ log = logging.getLogger("dimmer.metrics")
 
 METRICS_MAX_CONNECTIONS = 8  # scrapers are few: Prometheus itself, a curl now and then
 METRICS_IDLE_TIMEOUT_S = 10.0  # a scrape sends its request at once and reads the answer in milliseconds
+VICTIM_JOIN_S = 1.0  # a connection closed at the cap ends at once (its socket was shut down); never wait longer
 
 
 class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
@@ -43,6 +44,7 @@ class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
         self.limits = limits
         self.table: ConnectionTable[socket.socket] = ConnectionTable(limits)
         self._lock = threading.Lock()
+        self._connection_threads: dict[socket.socket, threading.Thread] = {}
 
         class Handler(_SilentHandler):
             timeout = limits.idle_timeout_s  # StreamRequestHandler: the socket's timeout, reads and writes
@@ -57,10 +59,24 @@ class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
             # its thread is blocked reading or writing: a shutdown wakes it with end-of-file and it ends
             with contextlib.suppress(OSError):
                 victim.shutdown(socket.SHUT_RDWR)
+        for victim in victims:
+            # wait for it, so that the threads alive never outnumber the cap, not even for the moment one takes to end
+            with self._lock:
+                thread = self._connection_threads.get(victim)
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(VICTIM_JOIN_S)
         if request in victims:
             self.shutdown_request(request)
             return
-        super().process_request(request, client_address)
+        thread = threading.Thread(
+            target=self.process_request_thread,
+            args=(request, client_address),
+            name="dimmer-metrics connection (process_request_thread)",
+        )
+        thread.daemon = self.daemon_threads
+        with self._lock:
+            self._connection_threads[request] = thread
+        thread.start()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # a client that hung up, timed out or was closed at the cap: socketserver would print a traceback on stderr
@@ -69,6 +85,7 @@ class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
     def close_request(self, request: Any) -> None:
         with self._lock:
             self.table.remove(request)
+            self._connection_threads.pop(request, None)
         super().close_request(request)
 
 
