@@ -170,30 +170,42 @@ def test_served_swing_8k_matches_in_process(tmp_path: Path) -> None:
 
     scenario = REPO / "scenarios" / "swing-8k.toml"
     overrides = [f"duration_s={DURATION_S:g}"]
+    out = tmp_path
     served = asyncio.run(
-        run_sim(scenario, overrides, speed=SPEED, out_dir=tmp_path, controller="dimmer", install_signals=False)
+        run_sim(scenario, overrides, speed=SPEED, out_dir=out, controller="dimmer", install_signals=False)
     )
+    runs = [served]
+    if served["daemon_overruns"] > 0.05 * served["daemon_cycles"]:
+        # A machine too busy to keep a 100 ms period (a loaded CI host: 98.96 % goodput against 100 %, every limit
+        # held) judges its own load, not the daemon: the same run at half the speed, on that machine, is compared.
+        out = tmp_path / "half-speed"
+        served = asyncio.run(
+            run_sim(scenario, overrides, speed=SPEED / 2, out_dir=out, controller="dimmer", install_signals=False)
+        )
+        runs.append(served)
     res = run(load_scenario(scenario, overrides), controller="dimmer")
     local = summarize(res)
     local_t, local_grid = res.t_s, res.tick["grid_w"]
     (tmp_path / "compare.json").write_text(json.dumps({"served": served, "in_process": local}, indent=2))
 
-    assert served["plant_exit_status"] == 0
-    assert served["duration_s"] == pytest.approx(DURATION_S)
-    assert served["breaker_trips"] == 0 and local["breaker_trips"] == 0
-    assert served["pcc_overlimit_s"] == 0.0
-    assert served["ramp_violation_s"] == 0.0
-    assert served["max_ramp_mw_per_min"] <= 1.5  # the scenario's ramp limit
-    assert served["peak_grid_mw"] <= 18.0  # the interconnect
+    assert local["breaker_trips"] == 0
+    for one in runs:  # every limit held, whether or not the machine kept the period
+        assert one["plant_exit_status"] == 0
+        assert one["duration_s"] == pytest.approx(DURATION_S)
+        assert one["breaker_trips"] == 0
+        assert one["pcc_overlimit_s"] == 0.0
+        assert one["ramp_violation_s"] == 0.0
+        assert one["max_ramp_mw_per_min"] <= 1.5  # the scenario's ramp limit
+        assert one["peak_grid_mw"] <= 18.0  # the interconnect
     for key in ("grid_energy_mwh", "demand_energy_mwh"):
         assert served[key] == pytest.approx(local[key], rel=0.03), key
     assert served["goodput_pct"] == pytest.approx(local["goodput_pct"], abs=1.0)
     # The peak of either run is its start-up transient (the plant runs hands-off until the first write, in process
     # for one period, served until the daemon's first cycle, which a busy machine delays: 16.9 against 16.0 MW on a
     # clean-clone CI run): held under the interconnect above, and compared once both are under control, below.
-    header = (tmp_path / "timeseries.csv").read_text().split("\n", 1)[0].split(",")
+    header = (out / "timeseries.csv").read_text().split("\n", 1)[0].split(",")
     cols = (header.index("t_s"), header.index("grid_w"))
-    served_ts = np.loadtxt(tmp_path / "timeseries.csv", delimiter=",", skiprows=1, usecols=cols)
+    served_ts = np.loadtxt(out / "timeseries.csv", delimiter=",", skiprows=1, usecols=cols)
     # Once under control, the highest import is the battery charging under the bound (dimmer's in-process peak
     # after 60 s sits ~0.5 MW above the uncontrolled one), and when it charges served depends on how late the
     # daemon's cycles ran on the test machine (16.6 vs 16.0 MW seen on a loaded one): compare the distribution.
