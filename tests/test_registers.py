@@ -217,17 +217,65 @@ def test_write_error_is_one_vetting_path_for_every_map() -> None:
     assert R.write_error(m704, mod.offset, 1, bad, na_ok=True) == (R.ILLEGAL_VALUE, "WSetMod 7: not one of its symbols")
 
 
-@settings(max_examples=200)
-@given(st.lists(st.integers(0, 0xFFFF), min_size=48, max_size=48), st.sampled_from(["building", "rack", "site"]))
-def test_the_numeric_decoder_reads_every_block_as_decode_block_does(words: list[int], which: str) -> None:
-    """The vectorised decoder the coordinator uses on every building, against the one every map is read with: the
-    same value (NaN where not implemented or out of range) for any register contents."""
-    block = {"building": R.BUILDING_HEADER, "rack": R.RACK_HEADER, "site": R.SITE_HEADER}[which]
-    w = words[: block.length] + [0] * max(block.length - len(words), 0)
-    fast, slow = R.NumericDecoder(block).decode(w), R.decode_block(block, w)
+# any word, and often one a sentinel or a float's edge is made of (NaN, infinity, sign bit, zero)
+WORDS = st.one_of(st.integers(0, 0xFFFF), st.sampled_from([0, 1, 0x7FFF, 0x8000, 0xFFFF, 0x7F80, 0x7FC0, 0xFF80]))
+
+
+def _same(fast: dict[str, object], slow: dict[str, object]) -> None:
     assert fast.keys() == slow.keys()
     for key, v in slow.items():
         if isinstance(v, float) and math.isnan(v):
             assert isinstance(fast[key], float) and math.isnan(fast[key]), key
         else:
             assert fast[key] == v, key
+
+
+@settings(max_examples=300)
+@given(st.lists(WORDS, min_size=48, max_size=48), st.sampled_from(["building", "rack", "site"]))
+def test_the_numeric_decoder_reads_every_block_as_decode_block_does(words: list[int], which: str) -> None:
+    """The struct decoder the coordinator uses on every building, against the one every map is read with: the
+    same value (NaN where not implemented or out of range) for any register contents."""
+    block = {"building": R.BUILDING_HEADER, "rack": R.RACK_HEADER, "site": R.SITE_HEADER}[which]
+    w = words[: block.length] + [0] * max(block.length - len(words), 0)
+    _same(R.NumericDecoder(block).decode(w), R.decode_block(block, w))
+
+
+@settings(max_examples=200)
+@given(st.lists(WORDS, min_size=8 * 6, max_size=8 * 6), st.integers(1, 8))
+def test_the_record_decoder_reads_a_buildings_groups_as_decode_records_does(words: list[int], n: int) -> None:
+    fields, stride = R.BUILDING_GROUP, R.BUILDING_GROUP_STRIDE
+    fast, slow = R.RecordDecoder(fields, stride).decode(words, n), R.decode_records(fields, words, n, stride)
+    assert fast.keys() == slow.keys()
+    for key, v in slow.items():
+        assert fast[key].shape == (n,)
+        np.testing.assert_array_equal(fast[key], v, err_msg=key)  # NaN where NaN
+
+
+@settings(max_examples=200)
+@given(
+    st.floats(0.0, 86400.0, exclude_min=True),
+    st.integers(0, 0xFFFFFFFE),
+    st.floats(0.0, R.BUILDING_HEADER.field("ceiling_w").hi),
+    st.floats(0.0, R.BUILDING_HEADER.field("floor_w").hi),
+)
+def test_a_budget_write_packed_by_struct_is_the_maps_encoding(
+    lease: float, beat: int, ceil: float, floor: float
+) -> None:
+    from dimmer.daemon.building_device import BUDGET_STRUCT, BUDGET_WORDS
+
+    packed = list(BUDGET_WORDS.unpack(BUDGET_STRUCT.pack(lease, beat, ceil, floor)))
+    assert packed == R.encode_float32(lease) + R.encode_uint32(beat) + R.encode_float32([ceil, floor])
+    got = R.NumericDecoder(R.BUILDING_HEADER).decode([0] * R.BUDGET_AT + packed + [0] * 8)
+    assert got["heartbeat"] == beat and got["lease_s"] == float(np.float32(lease))
+
+
+def test_the_struct_decoders_refuse_what_is_not_a_register_word() -> None:
+    dec = R.NumericDecoder(R.BUILDING_HEADER)
+    good = [0] * dec.length
+    for bad, why in (([*good[:-1], 0x10000], "0..65535"), ([*good[:-1], -1], "0..65535"), (good[:-1], "cover")):
+        with pytest.raises(R.DecodeError, match=why):
+            dec.decode(bad)
+    with pytest.raises(R.DecodeError, match="cover"):
+        R.RecordDecoder(R.BUILDING_GROUP, R.BUILDING_GROUP_STRIDE).decode([0] * 11, 2)
+    with pytest.raises(ValueError, match="scaled"):
+        R.NumericDecoder(R.MODEL_704)

@@ -8,6 +8,7 @@
   factors, access, 0- or 1-based enums, lengths), never retyped.
 - `maps`: the project's own maps, `dimmer-rack-v1` and `dimmer-site-v1`; `building`: `dimmer-building-v1`, a
   building as one load to the campus coordinator.
+- `numeric`: the project's own blocks and small record sets decoded with one `struct` pass (a coordinator's reads).
 - `docs`: the tables of docs/registers.md, generated.
 
 Everything is re-exported here: `from dimmer.daemon import registers as R` is how the daemon, the agent and the
@@ -22,7 +23,6 @@ from dimmer.daemon.registers.blocks import (
     ILLEGAL_VALUE,
     Block,
     Field,
-    NumericDecoder,
     Span,
     Values,
     decode_block,
@@ -89,6 +89,7 @@ from dimmer.daemon.registers.maps import (
     rack_write_error,
     site_domain_address,
 )
+from dimmer.daemon.registers.numeric import NumericDecoder, RecordDecoder
 from dimmer.daemon.registers.sunspec import (
     DEFINITIONS_DIR,
     METERS_FLOAT,

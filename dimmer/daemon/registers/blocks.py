@@ -303,36 +303,3 @@ def write_error(
         if not f.lo <= v <= f.hi:  # an infinity passes only where its side of the range is unbounded
             return ILLEGAL_VALUE, f"{f.name} {v!r} outside its declared range {field_range(f) or 'any number'}"
     return None
-
-
-class NumericDecoder:
-    """`decode_block` for a block of the project's own maps, with one vectorised pass per value type instead of one
-    numpy call per point: what a coordinator reading dozens of building devices a period can afford (decode_block
-    took ~1 ms a building header). Strings decode as decode_block does; numbers without scale factors only."""
-
-    def __init__(self, block: Block) -> None:
-        if any(f.sf is not None or f.kind == "sunssf" for f in block.fields):
-            raise ValueError(f"{block.name}: scaled points: use decode_block")
-        self.block = block
-        self.strings = [f for f in block.fields if f.kind == "string"]
-        numeric = [f for f in block.fields if f.kind not in ("string", "pad", "eui48", "ipv6addr")]
-        self.groups: list[tuple[str, list[str], np.ndarray, FloatArray, FloatArray]] = []
-        for kind in sorted({f.kind for f in numeric}):
-            fs = [f for f in numeric if f.kind == kind]
-            at = np.array([[f.offset + i for i in range(f.n)] for f in fs], dtype=np.int64).reshape(-1)
-            lo = np.array([f.lo for f in fs])
-            hi = np.array([f.hi for f in fs])
-            self.groups.append((kind, [f.name for f in fs], at, lo, hi))
-        self.length = max(f.offset + f.n for f in block.fields)
-
-    def decode(self, words: Sequence[int] | WordArray) -> dict[str, float | str | None]:
-        w = as_words(words)
-        if w.shape[0] < self.length:
-            raise DecodeError(f"{self.block.name}: {w.shape[0]} registers do not cover its {self.length}")
-        out: dict[str, float | str | None] = {f.name: decode_string(w[f.offset : f.offset + f.n]) for f in self.strings}
-        for kind, names, at, lo, hi in self.groups:
-            v = decoder(kind)(w[at])
-            with np.errstate(invalid="ignore"):
-                v = np.where((v < lo) | (v > hi), np.nan, v)
-            out.update(zip(names, v.tolist(), strict=True))
-        return out
