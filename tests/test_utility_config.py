@@ -88,6 +88,7 @@ def test_dimmer_check_exits_2_on_a_bad_utility_key(tmp_path: Path, capsys: pytes
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"{path}: utility.poll_interval_s:" in err
     assert main(["check", str(_write(tmp_path, with_utility()))]) == 0
+    assert f"OpenADR 2.0b VEN 'campus' of {URL}" in capsys.readouterr().out
 
 
 # -- the OpenADR signals the daemon plans on (openadr_signals.answer, on events as openleadr parses them) --------------

@@ -351,11 +351,13 @@ def describe(loaded: LoadedConfig) -> str:
         f"{kinds.count(k)} {k}" for k in ("meter", "battery", "site", "racks", "building") if kinds.count(k)
     )
     ro = sum(d.read_only for d in cfg.devices)
+    u = cfg.utility
+    utility = f"; OpenADR 2.0b VEN {u.ven_name!r} of {u.vtn_url}" if u is not None and u.enabled else ""
     role = {"building": f"building {loaded.part.name if loaded.part else ''} daemon: ", "coordinator": "coordinator: "}
     return (
         f"{loaded.source}: ok — {role.get(loaded.role, '')}{site.n_gpus} GPUs in {site.n_racks} racks, "
         f"{site.n_domains} domains, "
         f"{site.n_jobs} job{'' if site.n_jobs == 1 else 's'}; devices: {parts}{f' ({ro} read-only)' if ro else ''}; "
         f"controller {cfg.controller.name}, "
-        f"period {cfg.daemon.period_s:g} s, safe cap {loaded.safe_cap_w:g} W"
+        f"period {cfg.daemon.period_s:g} s, safe cap {loaded.safe_cap_w:g} W{utility}"
     )

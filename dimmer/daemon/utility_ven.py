@@ -227,6 +227,9 @@ def _openleadr_client(poll_interval_s: float | None = None, **kwargs: Any) -> An
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="DSA is deprecated")  # signxml, as it loads (pyproject.toml)
         from openleadr import OpenADRClient
+    # openleadr sets its logger to INFO as it loads and says so at every report sample and poll: its warnings and
+    # errors (a VTN that does not answer) are what the daemon's log wants
+    logging.getLogger("openleadr").setLevel(logging.WARNING)
 
     class Client(OpenADRClient):
         async def create_party_registration(self, *args: Any, **kw: Any) -> Any:
