@@ -56,7 +56,8 @@ def test_a_utility_section_loads_with_its_defaults() -> None:
         ({"simple_levels": [1.0, 0.8, 0.9]}, "utility.simple_levels", "never rise"),
         ({"simple_levels": [1.0, 0.0]}, "utility.simple_levels", "in (0, 1]"),
         ({"simple_levels": [1.0] * 5}, "utility.simple_levels", "at most 4"),
-        ({"cert": "ven.pem"}, "utility", "both cert and key"),
+        ({"cert": "ven.pem"}, "utility", "cert, key and ca_file together"),
+        ({"ca_file": "ca.pem"}, "utility", "cert, key and ca_file together"),
         ({"vtn_fingerprint": "not-one"}, "utility.vtn_fingerprint", "pattern"),
         ({"ven_nmae": "typo"}, "utility.ven_nmae", "unknown key"),
         ({"ven_name": ""}, "utility.ven_name", "at least 1 character"),
@@ -68,12 +69,14 @@ def test_bad_utility_keys_are_one_line_errors(utility: dict[str, Any], key: str,
 
 
 def test_certificate_files_must_exist(tmp_path: Path) -> None:
-    msg = refused(with_utility(cert="ven.pem", key="ven.key"), tmp_path)
+    tls = {"cert": "ven.pem", "key": "ven.key", "ca_file": "ca.pem"}
+    msg = refused(with_utility(**tls), tmp_path)
     assert "utility.cert: an existing PEM file" in msg
     (tmp_path / "ven.pem").write_text("x")
     (tmp_path / "ven.key").write_text("x")
-    validate_config(with_utility(cert="ven.pem", key="ven.key"), "site.toml", tmp_path)
-    assert "utility.ca_file" in refused(with_utility(ca_file="/nonexistent/ca.pem"), tmp_path)
+    assert "utility.ca_file: an existing PEM file" in refused(with_utility(**tls), tmp_path)
+    (tmp_path / "ca.pem").write_text("x")
+    validate_config(with_utility(**tls), "site.toml", tmp_path)
 
 
 def test_only_a_flat_daemon_speaks_to_the_utility() -> None:

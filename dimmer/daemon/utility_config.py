@@ -52,8 +52,9 @@ class UtilitySpec(Strict):
     # telemetry reports offered to the VTN: the import at the interconnect and the flexibility available
     report: bool = True
     report_interval_s: float = Field(default=10.0, ge=1, le=3600)
-    # TLS client certificate and key (both or neither): the VEN's identity, and its messages signed with them;
-    # ca_file: the CA that the VTN's certificate is checked against; vtn_fingerprint: the VTN's signature checked
+    # TLS client certificate and key, and the CA the VTN's certificate is checked against (all three or none:
+    # openleadr's TLS takes them together): the VEN's identity, its messages signed with them; vtn_fingerprint: the
+    # VTN's signatures checked
     cert: str | None = None
     key: str | None = None
     ca_file: str | None = None
@@ -78,8 +79,8 @@ class UtilitySpec(Strict):
 
     @model_validator(mode="after")
     def _cert_key(self) -> UtilitySpec:
-        if (self.cert is None) != (self.key is None):
-            raise ValueError("give both cert and key, or neither")
+        if len({self.cert is None, self.key is None, self.ca_file is None}) > 1:
+            raise ValueError("give cert, key and ca_file together (openleadr's TLS takes all three), or none of them")
         return self
 
     @property
