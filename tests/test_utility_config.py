@@ -13,7 +13,7 @@ import pytest
 from dimmer.cli import main
 from dimmer.daemon.config import validate_config
 from dimmer.daemon.openadr_signals import answer
-from dimmer.daemon.utility_config import UtilitySpec, check_utility
+from dimmer.daemon.utility_config import UtilitySpec, check_utility, key_is_rsa
 from dimmer.errors import InputError
 from tests.test_daemon_config import _write, small_site
 
@@ -69,14 +69,25 @@ def test_bad_utility_keys_are_one_line_errors(utility: dict[str, Any], key: str,
 
 
 def test_certificate_files_must_exist(tmp_path: Path) -> None:
+    from tests.test_utility_openadr_tls import _issue
+
     tls = {"cert": "ven.pem", "key": "ven.key", "ca_file": "ca.pem"}
     msg = refused(with_utility(**tls), tmp_path)
     assert "utility.cert: an existing PEM file" in msg
-    (tmp_path / "ven.pem").write_text("x")
+    (tmp_path / "ven.pem").write_text("not a certificate")
     (tmp_path / "ven.key").write_text("x")
-    assert "utility.ca_file: an existing PEM file" in refused(with_utility(**tls), tmp_path)
     (tmp_path / "ca.pem").write_text("x")
-    validate_config(with_utility(**tls), "site.toml", tmp_path)
+    assert refused(with_utility(**tls), tmp_path).endswith("utility.cert: PEM certificates")
+    ca = _issue(tmp_path, "ca", "utility-ca", None)
+    _issue(tmp_path, "ven", "campus", ca)
+    good_key = (tmp_path / "ven.key").read_bytes()
+    (tmp_path / "ven.key").write_bytes(good_key.replace(b"PRIVATE KEY", b"PUBLIC KEY"))
+    assert refused(with_utility(**tls), tmp_path).endswith("utility.key: an unencrypted PEM private key")
+    (tmp_path / "ven.key").write_bytes(good_key)
+    _issue(tmp_path, "rsa", "campus", ca, kind="rsa")
+    loaded = validate_config(with_utility(**tls), "site.toml", tmp_path)
+    assert not key_is_rsa(tmp_path / "ven.key") and key_is_rsa(tmp_path / "rsa.key")
+    assert loaded.resolve("ven.key") == tmp_path / "ven.key"
 
 
 def test_only_a_flat_daemon_speaks_to_the_utility() -> None:

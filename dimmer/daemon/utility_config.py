@@ -21,12 +21,13 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 
 from dimmer.errors import InputError
-from dimmer.inputfile import check_input_file
+from dimmer.inputfile import check_input_file, read_input_bytes
 from dimmer.siteconfig import Name, Strict
 
 if TYPE_CHECKING:
     from dimmer.daemon.config import DaemonConfig
 
+MAX_PEM_BYTES = 1024 * 1024  # a certificate chain is a few kB
 # what a payload without a unit of its own is in (a signal with an itemBase of power carries its own SI scale)
 PAYLOAD_SCALE_W = {"W": 1.0, "kW": 1e3, "MW": 1e6}
 
@@ -104,4 +105,31 @@ def check_utility(cfg: DaemonConfig, source: str, base_dir: Path, role: str) -> 
         path = getattr(spec, key)
         if path is not None:
             p = Path(path).expanduser()
-            check_input_file(p if p.is_absolute() else base_dir / p, source, f"utility.{key}", "PEM file")
+            p = p if p.is_absolute() else base_dir / p
+            check_input_file(p, source, f"utility.{key}", "PEM file", MAX_PEM_BYTES)
+            if spec.enabled:
+                _check_pem(read_input_bytes(p, source, f"utility.{key}", "PEM file", MAX_PEM_BYTES), source, key)
+
+
+def _check_pem(data: bytes, source: str, key: str) -> None:
+    """InputError unless `data` is what `key` names: certificates (cert, ca_file) or an unencrypted private key."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        if key == "key":
+            serialization.load_pem_private_key(data, None)
+        else:
+            x509.load_pem_x509_certificates(data)
+    except (ValueError, TypeError):
+        what = "an unencrypted PEM private key" if key == "key" else "PEM certificates"
+        raise InputError(source, f"utility.{key}", what) from None
+
+
+def key_is_rsa(path: Path) -> bool:
+    """Whether the private key at `path` (checked at load) is RSA: openleadr loads the key twice for every message it
+    signs, and cryptography's RSA load holds the GIL ~0.1 s on a 2-core machine (an EC key: ~30 µs)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    return isinstance(serialization.load_pem_private_key(path.read_bytes(), None), rsa.RSAPrivateKey)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dimmer.daemon.openadr_signals import Answer, answer
+from dimmer.daemon.utility_config import key_is_rsa
 from dimmer.observation import Observation
 from dimmer.site import SiteModel
 from dimmer.utility_events import InForce, UtilityEvent, UtilitySchedule
@@ -97,6 +98,13 @@ class UtilityVen:
     # -- lifecycle -----------------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        key = self.paths["key"]
+        if key is not None and key_is_rsa(key):
+            log.warning(
+                "utility: %s is an RSA key: openleadr loads it twice for every message it signs, ~0.2 s of the "
+                "daemon's loop each (an EC P-256 key costs microseconds; docs/utility.md)",
+                key,
+            )
         self._task = asyncio.get_running_loop().create_task(self._register())
 
     @property
