@@ -30,6 +30,7 @@ from gridsim.scenario import (
     LoadedScenario,
     Scenario,
 )
+from gridsim.utility import UtilityEventSpec
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
@@ -238,10 +239,20 @@ def events_text(loaded: LoadedScenario) -> str:
             what = f"{ev.load_mw:+g} MW elsewhere in the area"
         elif isinstance(ev, FrequencyReplayEvent):
             what = f"replay {ev.path}"
+        elif isinstance(ev, UtilityEventSpec):
+            what = utility_text(ev)
         else:  # pragma: no cover - the Event union is closed
             what = ""
         rows.append([f"{ev.at_s:g} s", ev.kind, what])
     return "Events:\n" + table(["at", "kind", "what"], rows, "rll")
+
+
+def utility_text(ev: UtilityEventSpec) -> str:
+    key = "limit_mw" if ev.intervals[0].limit_mw is not None else "target_mw"
+    steps = " then ".join(f"{getattr(iv, key):g} MW for {iv.duration_s:g} s" for iv in ev.intervals[:4])
+    more = f" (+{len(ev.intervals) - 4} intervals)" if len(ev.intervals) > 4 else ""
+    what = "interconnect limit" if key == "limit_mw" else "load target"
+    return f"{ev.event_id or 'utility'}: {what} {steps}{more}, ramp-up {ev.ramp_up_s:g} s, recovery {ev.recovery_s:g} s"
 
 
 def describe(loaded: LoadedScenario) -> str:

@@ -405,7 +405,7 @@ class Simulation:
         s_bess, s_grid, s_pcc, s_freq = tick["bess_w"], tick["grid_w"], tick["pcc_limit_w"], tick["freq_hz"]
         s_bess_soc, s_burn, s_bbu = tick["bess_soc_frac"], tick["floor_burn_w"], tick["bbu_w"]
         s_bbu_min, s_bbu_mean = tick["bbu_soc_min_frac"], tick["bbu_soc_mean_frac"]
-        pcc_ramps, pcc_base = bool(self.pcc.ramps), self.pcc.base_w
+        pcc_ramps, pcc_base = self.pcc.varies, self.pcc.base_w
         # What is kept from tick to tick while its inputs stand still: which racks are energized (and the fixed part
         # of their demand), the GPUs' caps and floors (gpus.version), the BBUs' charge (bbus.idle: nothing moved).
         # A storage fault writes the BBUs' charge from outside, so with one in the scenario the charge is re-read.

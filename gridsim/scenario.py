@@ -32,6 +32,7 @@ from gridsim.plant.breakers import BreakerSpec
 from gridsim.plant.gpu import GpuActuationSpec
 from gridsim.plant.grid import DEFAULT_SETTLE_TAU_S, FrequencySpec, ReplayValues, load_frequency_csv
 from gridsim.plant.workload import BackgroundSpec, JobSpec, Workload
+from gridsim.utility import UtilityEventSpec
 
 # A run keeps every campus series at every tick: 10 M ticks (11.5 days at the default 0.1 s) is ~1 GB of them.
 MAX_TICKS = 10_000_000
@@ -192,7 +193,8 @@ Event = Annotated[
     | TelemetryFault
     | ActuationFault
     | StorageFault
-    | BackupTransferEvent,
+    | BackupTransferEvent
+    | UtilityEventSpec,
     Field(discriminator="kind"),
 ]
 

@@ -9,6 +9,7 @@ The power tree, its ratings and the jobs reuse the scenario schema (`dimmer.site
     [safety]        safe cap, staleness, debounce, setpoint leases
     [daemon]        period, metrics address, audit log, state file
     [building]      a building daemon's building, under a campus coordinator (docs/daemon.md, "The hierarchy")
+    [utility]       the utility's OpenADR VTN this daemon is a VEN of (utility_config.py, docs/utility.md)
 
 Every key is checked once, here, with the file and the key path in the error (exit status 2); cross-checks that need
 more than one key run at load too (config_checks.py): racks inside the site and covered exactly once (no two devices
@@ -38,6 +39,7 @@ from dimmer.control.building_split import BuildingPart
 from dimmer.daemon import config_checks as C
 from dimmer.daemon.config_checks import floor3, uniform_cap_bound_w
 from dimmer.daemon.registers import RACK_MAX, SITE_MAX_DOMAINS
+from dimmer.daemon.utility_config import UtilitySpec, check_utility
 from dimmer.errors import from_validation_error
 from dimmer.outpath import check_out_file
 from dimmer.site import SiteModel, build_site
@@ -202,6 +204,7 @@ class DaemonConfig(Strict):
     safety: SafetySpec = SafetySpec()
     daemon: DaemonSpec = DaemonSpec()
     building: BuildingSpec | None = None
+    utility: UtilitySpec | None = None
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -286,7 +289,9 @@ def validate_config(raw: Mapping[str, Any], source: str, base_dir: Path) -> Load
     C.check_safety(cfg, site, source)
     params = controller_params(cfg, campus, part)
     C.check_controller(cfg, site, params, source, part)
-    return LoadedConfig(cfg, source, base_dir, site, names, limit_w, params, campus, part)
+    loaded = LoadedConfig(cfg, source, base_dir, site, names, limit_w, params, campus, part)
+    check_utility(cfg, source, base_dir, loaded.role)
+    return loaded
 
 
 def check_files(loaded: LoadedConfig) -> None:
@@ -346,11 +351,13 @@ def describe(loaded: LoadedConfig) -> str:
         f"{kinds.count(k)} {k}" for k in ("meter", "battery", "site", "racks", "building") if kinds.count(k)
     )
     ro = sum(d.read_only for d in cfg.devices)
+    u = cfg.utility
+    utility = f"; OpenADR 2.0b VEN {u.ven_name!r} of {u.vtn_url}" if u is not None and u.enabled else ""
     role = {"building": f"building {loaded.part.name if loaded.part else ''} daemon: ", "coordinator": "coordinator: "}
     return (
         f"{loaded.source}: ok — {role.get(loaded.role, '')}{site.n_gpus} GPUs in {site.n_racks} racks, "
         f"{site.n_domains} domains, "
         f"{site.n_jobs} job{'' if site.n_jobs == 1 else 's'}; devices: {parts}{f' ({ro} read-only)' if ro else ''}; "
         f"controller {cfg.controller.name}, "
-        f"period {cfg.daemon.period_s:g} s, safe cap {loaded.safe_cap_w:g} W"
+        f"period {cfg.daemon.period_s:g} s, safe cap {loaded.safe_cap_w:g} W{utility}"
     )

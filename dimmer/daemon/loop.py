@@ -76,6 +76,7 @@ from dimmer.daemon.state import (
     start_without_state,
     vet_state_file,
 )
+from dimmer.daemon.utility_ven import UtilityVen
 from dimmer.daemon.writes import Write, audit_entries, do_write, plan_writes
 from dimmer.errors import DimmerError, InputError
 from dimmer.observation import Actions, Observation, Reason
@@ -174,6 +175,9 @@ class Daemon:
         self._publish_devices()
         self.builder = ObservationBuilder(loaded, self.handles, speed)
         self.audit = AuditLog(loaded.audit_path)
+        # the utility's OpenADR VTN ([utility]): the limit in force at most its accepted events' (docs/utility.md)
+        u = loaded.config.utility
+        self.utility = UtilityVen(loaded, audit=self.audit) if u is not None and u.enabled else None
         self._metrics_address = metrics_address_of(loaded, metrics_address)
         self.metrics_port: int | None = None
         self.last_cap_w: FloatArray | None = None  # caps last written (or decided, in dry-run)
@@ -288,6 +292,8 @@ class Daemon:
             port = await self.building.start()
             b = self.building
             log.info("building %s: dimmer-building-v1 served on %s:%d", b.part.name, b.host, port)
+        if self.utility is not None:
+            await self.utility.start()
         if self.on_started is not None:
             self.on_started(self)
         self._t0_mono = self.clock()
@@ -363,6 +369,8 @@ class Daemon:
                     return None
                 log.warning("starting without readings from %s after %g s", ", ".join(missing), safety.stale_s)
         obs = self.builder.build(snap)
+        if self.utility is not None:
+            obs = self.utility.observe(obs)
         if self.building is not None:
             obs = self.building.observe(obs, self.builder.last_pcc_limit_w)
 
@@ -488,6 +496,10 @@ class Daemon:
         self.last_cap_w = None if new.site.n_racks != old.site.n_racks else self.last_cap_w
         if new.config.daemon.metrics_address != old.config.daemon.metrics_address:
             log.warning("SIGHUP: the metrics address changes only on a restart")
+        if self.utility is not None:
+            self.utility.rebind(new)
+        if new.config.utility != old.config.utility:
+            log.warning("SIGHUP: [utility] changes only on a restart")
         self.metrics.rebind(new.site, new.device_names, new.config.daemon.metrics_rack_domains)
         self._publish_devices()
         self.audit.path = new.audit_path
@@ -515,6 +527,8 @@ class Daemon:
             self.audit.write({"event": "stop", "mode": Mode.STOPPING.value, "writes": audit_entries(writes, results)})
         self._save_state()
         await close_buses(self.handles)
+        if self.utility is not None:
+            await self.utility.stop()
         if self.building is not None:
             await self.building.stop()
         if self._last_audit is not None:
