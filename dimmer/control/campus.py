@@ -254,6 +254,9 @@ def campus_params(params: Mapping[str, Any], source: str = "controller") -> tupl
         building = DimmerParams.model_validate(p.building)
     except ValidationError as exc:
         raise from_validation_error(source, exc, ("params", "building")) from None
+    if building.ffr_droop_pct > 0:  # (each building would answer on its own budget, the campus battery idle)
+        what = "0 (dimmer-campus gives no fast frequency response yet: the flat dimmer controller does)"
+        raise InputError(source, "params.building.ffr_droop_pct", what)
     return p, building
 
 

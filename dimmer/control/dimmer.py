@@ -37,6 +37,7 @@ from dimmer.control import register
 from dimmer.control.allocation import grant, job_gpus_per_domain, priority_groups, shed
 from dimmer.control.campus_battery import bess_room, campus_level, soc_pull_w
 from dimmer.control.dimmer_params import DimmerParams
+from dimmer.control.ffr import FastFrequencyResponse
 from dimmer.control.filters import LowPass, Window, progressive_cut_w
 from dimmer.control.peak_readings import PeakReadings
 from dimmer.control.plausibility import PHRASES, PccCheck
@@ -139,6 +140,7 @@ class DimmerController:
             generation_w=params.behind_meter_generation_w,
         )
         self.rack_max_w = self.rm.rack_max_w
+        self.ffr = FastFrequencyResponse.for_site(site, params, self.rack_max_w)  # None: no frequency response
         # rack -> the domains above it (CSR rows), for the floors' bound
         self._rack_domains = sp.csr_array(site.incidence.T)
         self._rack_domains.sort_indices()
@@ -566,7 +568,8 @@ class DimmerController:
             self.bound_cover_w = 0.0
         self.was_blind = not pcc_ok
         # the ramp rule as the utility measures it: the room the import's last two windows leave a level held from now
-        self.ramp_room.push(float(domain_w[0]))
+        # (the import as the plan would have it: a frequency response ordered is added back, ffr.py)
+        self.ramp_room.push(float(domain_w[0]) + (self.ffr.order_w if self.ffr is not None else 0.0))
         ramp_budget_w = p.ramp_margin_frac * site.ramp_limit_w_per_min * site.ramp_window_s / 60.0
         room_lo_w, room_hi_w = self.ramp_room.bounds(ramp_budget_w)
         # (a stopped job's return: the battery at its plan takes what it can of the rise)
@@ -644,6 +647,14 @@ class DimmerController:
         fill_w = max(room_lo_w - (max(bus_w, bus_now_w) - bess_w), 0.0)
         # (a fall within a sliver of the limit passes: a floor set from a reading lifts the troughs under it)
         fill_deadband_w = p.fill_deadband_frac * obs.pcc_limit_w
+        # fast frequency response (ffr.py): the droop's order laid on the plan, the battery first, then the caps
+        if self.ffr is not None:
+            order_w = self.ffr.order(obs.grid_freq_hz, ramp_step)
+            bess_w, ffr_cut_w = self.ffr.split(order_w, bess_w, discharge_w, charge_w)
+            grid_cut += ffr_cut_w
+            limit[0] -= max(self.ffr.bess_w, 0.0)  # (the battery's share is not room for the caps to rise into)
+            if order_w:
+                reasons.append(self.ffr.reason())
 
         # 2. progressive capping --------------------------------------------------------------------------------
         # Breakers heat with I^2 t: below the campus each domain is held on the RMS of its load over recent

@@ -88,3 +88,12 @@ class DimmerParams(Strict):
     # (0, most campuses: a meter reading under the racks is wrong, a CT ratio say, and the racks stand in)
     behind_meter_generation_w: float = Field(default=0.0, ge=0)
     safe_cap_frac: float = Field(default=0.6, gt=0, le=1)  # of rated: where stale telemetry sends a cap
+    # fast frequency response (ffr.py): beyond the deadband, the import moves by a droop of ffr_droop_pct % on the
+    # site's rating (its interconnect limit), measured from the deadband's edge, within ffr_max_frac of that rating.
+    # 0 droop, the default: no response. Deadband 0.036 Hz: NERC's recommended maximum for primary frequency control
+    # (Reliability Guideline "Primary Frequency Control", 2019); ERCOT requires 0.017 Hz (BAL-001-TRE-2).
+    ffr_droop_pct: float = Field(default=0.0, ge=0, le=100)
+    ffr_deadband_hz: float = Field(default=0.036, ge=0, le=5)
+    ffr_max_frac: float = Field(default=0.1, ge=0, le=1)
+    # the grid's nominal frequency; None: the nearer of 50 and 60 Hz to the first reading
+    ffr_nominal_hz: float | None = Field(default=None, gt=0)
