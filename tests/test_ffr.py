@@ -248,17 +248,29 @@ def test_without_a_battery_the_caps_give_the_response() -> None:
 
 @pytest.mark.slow
 def test_the_million_gpu_campus_through_a_1500_mw_generation_loss() -> None:
-    """Issue 14, part 2: prometheus-ffr (the 1M-GPU campus, 1,500 MW lost at 300 s in its 100 GW area). The response
-    takes the settled deviation down and every limit holds; the largest deviation (the nadir, 1 s after the trip)
-    moves by less than a percent, short of the issue's 0.8 x `none`'s (docs/controller.md says why)."""
+    """Issue 14, part 2: prometheus-ffr (the 1M-GPU campus, 1,500 MW lost at 300 s in its 100 GW area). Every limit
+    holds, and the settled deviation moves by what the droop's closed form says it must: in per unit of the area,
+    (1/R + D)·Δf + K·(Δf − db) = ΔP_loss with K = (1 / droop) · P_rating / P_area. That same closed form is why the
+    issue's goal (largest deviation ≤ 0.8x `none`'s) is out of reach on this area: a 2 % droop on 1.65 GW is 3.9 % of
+    a 100 GW area's response, and the nadir comes 1.2 s after the trip, before a 1 s period's answer (docs)."""
     loaded = load_scenario(SCENARIOS / "prometheus-ffr.toml")
-    none = run(loaded, "none")
-    on = run(loaded, "dimmer")
+    off = load_scenario(SCENARIOS / "prometheus-ffr.toml", ["controllers.dimmer.ffr_droop_pct=0"])
+    none, on, zero = run(loaded, "none"), run(loaded, "dimmer"), run(off, "dimmer")
     s_none, s_on = summarize(none), summarize(on)
     assert s_on["breaker_trips"] == 0 and s_on["pcc_overlimit_s"] == 0.0 and s_on["ramp_violation_s"] == 0.0
     settled = on.t_s >= 330.0
     assert np.mean(on.tick["freq_hz"][settled]) > np.mean(none.tick["freq_hz"][settled]) + 2e-3
+    # the response's own part (droop 2 against droop 0, both dimmer): the closed form's, within a fifth
+    sc = loaded.scenario
+    p = sc.controllers["dimmer"]
+    f0, area_w = sc.grid.nominal_hz, sc.grid.system_base_mw * 1e6
+    k = (100.0 / p["ffr_droop_pct"]) * sc.site.pcc.limit_mw * 1e6 / area_w
+    gain = 1.0 / sc.grid.droop_r_pu + sc.grid.damping_d_pu
+    dp = 1500e6 / area_w
+    db = p["ffr_deadband_hz"] / f0
+    without, with_ffr = dp / gain, (dp + k * db) / (gain + k)
+    expected_hz = (without - with_ffr) * f0
+    measured_hz = float(np.mean(on.tick["freq_hz"][settled]) - np.mean(zero.tick["freq_hz"][settled]))
+    assert measured_hz == pytest.approx(expected_hz, rel=0.2), (measured_hz, expected_hz)  # 0.922 against 0.977 mHz
     ratio = s_on["max_freq_dev_hz"] / s_none["max_freq_dev_hz"]
     assert ratio < 0.95  # measured 0.927 (0.934 of it without the response: dimmer's shaping of the campus's swing)
-    if ratio > 0.8:
-        pytest.xfail(f"largest deviation {ratio:.3f} x none's: the nadir comes before a 1 s response (docs)")
