@@ -17,6 +17,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from dimmer.daemon.handles import tcp_bus_factory
 from dimmer.daemon.loop import Daemon
 from dimmer.errors import InputError
 from dimmer.sim_hierarchy import building_config, coordinator_config
+from gridsim.plant.grid import overlimit_s
 from gridsim.scenario import LoadedScenario, load_scenario
 from gridsim.serve import PlantServer
 from tests.test_daemon_faults import overlimit_times, pcc_overlimit_s, ramp_over_s
@@ -361,8 +363,14 @@ class SlowBus:
 
 
 def run_hierarchy(
-    tmp_path: Path, duration_s: float, script: Script, link_delay_s: float = 0.0, building_period_s: float = 1.0
+    tmp_path: Path,
+    duration_s: float,
+    script: Script,
+    link_delay_s: float = 0.0,
+    building_period_s: float = 1.0,
+    vtn: Any = None,
 ) -> HierarchyRun:
+    """`vtn`: a utility's VTN (tests/test_utility_openadr.Vtn) started here, the coordinator its VEN."""
     path = tmp_path / "two.toml"
     path.write_text(SCENARIO.format(duration=duration_s))
     loaded = load_scenario(path)
@@ -392,7 +400,11 @@ def run_hierarchy(
                 bus = plain(spec)
                 return SlowBus(bus, link_delay_s) if spec.kind == "building" and link_delay_s > 0 else bus
 
-            cfg = validate_config(coordinator_config(flat, ports), "campus", tmp_path)
+            raw = coordinator_config(flat, ports)
+            if vtn is not None:
+                url = await vtn.start()
+                raw["utility"] = {"vtn_url": url, "ven_name": "campus", "poll_interval_s": 1, "report_interval_s": 1}
+            cfg = validate_config(raw, "campus", tmp_path)
             coord = CoordinatorDaemon(cfg, speed=SPEED, bus_factory=factory, metrics_address=("127.0.0.1", 0))
             tasks.append(asyncio.create_task(coord.run()))
             run = HierarchyRun(srv, buildings, coord)
@@ -410,6 +422,8 @@ def run_hierarchy(
             coord.request_stop()
             await asyncio.gather(*tasks, return_exceptions=True)
             await srv.stop()
+            if vtn is not None:
+                await vtn.stop()
         assert srv.error is None, srv.error
         return run
 
@@ -462,6 +476,47 @@ def test_the_hierarchy_as_daemons_holds_every_limit(tmp_path: Path) -> None:
     most = run.coordinator.coordinator.max_w
     granted = np.array([rec["budgets_w"] for rec in budgets])
     assert np.all((granted > 0) & (granted <= 1.02 * most))
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:It is recommended to use web.AppKey:UserWarning")  # openleadr's VTN, not ours
+def test_openadr_curtailment_reaches_the_buildings_through_the_coordinator(tmp_path: Path) -> None:
+    """The coordinator daemon as the campus's VEN: openleadr's own VTN on loopback curtails the interconnect from
+    1.55 to 1.30 MW; the coordinator opts in, budgets its buildings under the limit in force, and the campus's
+    import holds it once the buildings have come down, while its reports reach the VTN."""
+    from tests.test_utility_openadr import Vtn
+
+    event_w, ramp_up_s = 1.30e6, 2.0  # (wall seconds: 10 s of plant time at 5x)
+    vtn = Vtn()
+
+    async def curtail(run: HierarchyRun, at: At) -> None:
+        coord = run.coordinator
+        await at(SETTLED_S)
+        assert coord.utility is not None and coord.utility.registered
+        start = datetime.now(UTC) + timedelta(seconds=ramp_up_s + 1.0)
+        vtn.curtail(start, 600.0, ramp_up_s, 0.0, kw=event_w / 1e3)
+        # the event's start in plant time: the plant runs SPEED x the wall clock
+        run.samples["t_event"] = run.srv.plant_time_s() + (start.timestamp() - time.time()) * SPEED
+        await at(run.samples["t_event"] + 15.0)
+        run.samples["limit_in_force"] = coord.last.obs.pcc_limit_w if coord.last is not None else math.nan
+        run.samples["opt"] = vtn.opts.get("curtail-1")
+        run.samples["pcc_age_s"] = coord.last.obs.pcc_age_s if coord.last is not None else math.nan
+        run.samples["reports"] = {k: len(v) for k, v in vtn.reports.items()}
+
+    run = run_hierarchy(tmp_path, 90.0, curtail, vtn=vtn)
+    assert run.samples["opt"] == "optIn"
+    assert run.samples["limit_in_force"] == pytest.approx(event_w)
+    assert run.samples["pcc_age_s"] <= STALE_S  # the interconnect's meter planned on (its age was NaN: never)
+    assert run.samples["reports"].get("import", 0) > 0 and run.samples["reports"].get("flexibility", 0) > 0
+    res = run.srv.result
+    assert res is not None and run.summary["breaker_trips"] == 0
+    assert pcc_overlimit_s(res, SETTLED_S) == 0.0  # the scenario's own limit, throughout
+    # the curtailed limit: held from 10 s after the event's start (the ramp rule's 1 MW/min takes 0.25 MW in 15 s,
+    # and the utility's ramp-up began 10 s before the start) to the end of the run
+    held = (res.t_s >= run.samples["t_event"] + 10.0) & (res.t_s < res.duration_s - 1.0)
+    assert held.sum() > 100
+    assert overlimit_s(res.tick["grid_w"][held], res.tick_s, event_w) == 0.0, float(res.tick["grid_w"][held].max())
+    assert ramp_over_s(res, SETTLED_S) == 0.0
 
 
 @pytest.mark.slow

@@ -90,10 +90,12 @@ def test_certificate_files_must_exist(tmp_path: Path) -> None:
     assert loaded.resolve("ven.key") == tmp_path / "ven.key"
 
 
-def test_only_a_flat_daemon_speaks_to_the_utility() -> None:
+def test_a_building_daemon_leaves_the_utility_to_its_coordinator() -> None:
     cfg = validate_config(with_utility(), "site.toml", Path(".")).config
-    with pytest.raises(InputError, match=r"site.toml: utility: no \[utility\] here"):
+    with pytest.raises(InputError, match=r"site.toml: utility: no \[utility\] on a building daemon"):
         check_utility(cfg, "site.toml", Path("."), "building")
+    for role in ("flat", "coordinator"):
+        check_utility(cfg, "site.toml", Path("."), role)  # (raises for a role that may not have one)
 
 
 def test_dimmer_check_exits_2_on_a_bad_utility_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -37,6 +37,7 @@ from dimmer.daemon.handles import (
     close_buses,
     device_status,
     has_data,
+    judge_meters,
     note_reading,
     read_device,
     tcp_bus_factory,
@@ -46,6 +47,7 @@ from dimmer.daemon.handles import (
 from dimmer.daemon.metrics import DaemonMetrics, RecentDurations
 from dimmer.daemon.netguard import ConnectionLimits
 from dimmer.daemon.observe import ObservationBuilder, Snapshot
+from dimmer.daemon.utility_ven import UtilityVen
 from dimmer.daemon.writes import Write, audit_entries, do_write, plan_writes
 from dimmer.observation import Actions, Observation
 
@@ -98,6 +100,11 @@ class CoordinatorDaemon:
         self.metrics = DaemonMetrics(site, loaded.device_names, clock=clock, speed=speed)
         self.builder = ObservationBuilder(loaded, self.handles, speed)
         self.audit = AuditLog(loaded.audit_path)
+        # the campus faces the utility here, not in its buildings: the limit and ramp rule it budgets under are at
+        # most what the utility's accepted events ask (docs/utility.md)
+        u = loaded.config.utility
+        self.utility = UtilityVen(loaded, audit=self.audit) if u is not None and u.enabled else None
+        self._site_ramp_w_per_min = self.coordinator.ramp_limit_w_per_min
         self._metrics_address = metrics_address_of(loaded, metrics_address)
         self.metrics_port: int | None = None
         self.n_cycles = self.n_overruns = self.n_writes = 0
@@ -138,6 +145,8 @@ class CoordinatorDaemon:
             limits = ConnectionLimits(spec.metrics_max_connections, spec.metrics_idle_timeout_s)
             self.metrics_port = self.metrics.serve(self._metrics_address, limits)
         self.metrics.set_mode("running")
+        if self.utility is not None:
+            await self.utility.start()
         self._t0_mono = self.clock()
         log.info(
             "coordinator started: %d buildings, period %g s, lease %g s",
@@ -162,6 +171,8 @@ class CoordinatorDaemon:
                     await asyncio.wait_for(self._stop.wait(), timeout=max(next_t - time.monotonic(), 0.0))
         finally:
             self.metrics.set_mode("stopping")
+            if self.utility is not None:
+                await self.utility.stop()
             if self._own_buses:
                 await close_buses(self.handles)
             self.audit.close()
@@ -178,6 +189,9 @@ class CoordinatorDaemon:
         for h, r in zip(self.handles, fresh, strict=True):
             if r is not None:
                 note_reading(h, r, safety, self.speed)
+        # a meter has no update counter: it is fresh while its reading moves (without this its age stayed NaN and
+        # the coordinator never planned on the interconnect's meter)
+        judge_meters(self.handles, self.loaded.site, self.loaded.limit_w, safety, self.speed)
         self.metrics.set_devices([device_status(h) for h in self.handles], safety.stale_s)
         now = self.clock()
         snap = Snapshot(
@@ -188,6 +202,10 @@ class CoordinatorDaemon:
         )
         obs = self.builder.build(snap)
         reports = self.reports(snap)
+        if self.utility is not None:
+            obs = self.utility.observe(obs)
+            self.utility.flexibility_w = sheddable_w(reports, obs, self.loaded.site)
+            self.coordinator.ramp_limit_w_per_min = min(self._site_ramp_w_per_min, obs.ramp_limit_w_per_min)
         t_step = time.perf_counter()
         budgets = self.coordinator.step(
             obs.t_s, obs.pcc_power_w, obs.pcc_age_s, obs.pcc_limit_w, obs.bess_soc_frac, obs.bess_power_w,
@@ -280,3 +298,19 @@ class CoordinatorDaemon:
               for w in writes)
         )  # fmt: skip
         return writes, list(results)
+
+
+def sheddable_w(reports: BuildingReports, obs: Observation, site: Any) -> float:
+    """What the campus could shed from its import now, as its buildings report it: each running job group's share
+    of its building's bound above that group at its lowest caps, plus the campus battery's discharge headroom (the
+    coordinator has no rack readings: `utility_ven.available_flexibility_w` is the flat daemon's). NaN when no
+    building has reported."""
+    heard = np.isfinite(reports.t_s)
+    if not heard.any():
+        return math.nan
+    shed = float(np.sum(np.maximum(reports.group_w[heard] - reports.floor_w[heard], 0.0)))
+    bess = 0.0
+    if obs.bess_online and math.isfinite(obs.bess_soc_frac) and obs.bess_soc_frac > site.bess.soc_min_frac:
+        now = obs.bess_power_w if math.isfinite(obs.bess_power_w) else 0.0
+        bess = max(site.bess.power_w - max(now, 0.0), 0.0)
+    return shed + bess

@@ -90,13 +90,13 @@ class UtilitySpec(Strict):
 
 
 def check_utility(cfg: DaemonConfig, source: str, base_dir: Path, role: str) -> None:
-    """InputError for a `[utility]` this daemon cannot run: on a building daemon (its coordinator faces the utility)
-    or a coordinator (not wired yet), or with a certificate, key or CA file that cannot be read."""
+    """InputError for a `[utility]` this daemon cannot run: on a building daemon (its coordinator faces the utility),
+    or with a certificate, key or CA file that cannot be read."""
     spec = cfg.utility
     if spec is None:
         return
-    if role != "flat":
-        why = "no [utility] here: a flat daemon's (the campus's own) speaks to the utility"
+    if role == "building":
+        why = "no [utility] on a building daemon: its coordinator (or a flat daemon) speaks to the utility"
         raise InputError(source, "utility", why)
     if spec.enabled and importlib.util.find_spec("openleadr") is None:
         why = "openadr2b with openleadr installed (pip install 'dimmer[utility]')"
