@@ -36,6 +36,7 @@ from dimmer.daemon.handles import (
     build_devices,
     close_buses,
     device_status,
+    freeze_startup_heap,
     has_data,
     judge_meters,
     note_reading,
@@ -154,6 +155,7 @@ class CoordinatorDaemon:
             self.loaded.config.daemon.period_s,
             self.params.lease_s,
         )
+        freeze_startup_heap()
         next_t = time.monotonic()
         try:
             while not self._stop.is_set():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import math
 import time
@@ -343,3 +344,12 @@ def device_status(h: DeviceHandle) -> DeviceStatus:
         lease_state=value_num(last.values, "lease_state") if h.kind == "racks" else math.nan,
         online=value_num(last.values, "online") if h.kind == "battery" else math.nan,
     )
+
+
+def freeze_startup_heap() -> None:
+    """Take what start-up built (the site model, the register maps, the controller's arrays and the imported
+    libraries: millions of objects at 1M GPUs) out of the cyclic collector's sight before the first cycle: each full
+    collection walked them all, 46-95 ms of a 1M-GPU coordinator's cycle (measured: its p99 CPU 100 -> 78 ms).
+    What the cycles allocate afterwards is collected as before."""
+    gc.collect()
+    gc.freeze()

@@ -56,6 +56,7 @@ from dimmer.daemon.handles import (
     build_devices,
     close_buses,
     device_status,
+    freeze_startup_heap,
     has_data,
     judge_meters,
     note_reading,
@@ -309,6 +310,7 @@ class Daemon:
         for warning in safe_cap_load_warnings(self.loaded):
             log.warning("safe cap: %s", warning)
         self.notifier.notify("READY=1\nSTATUS=running")
+        freeze_startup_heap()
         next_t = time.monotonic()
         try:
             while not self._stop.is_set():
