@@ -4,8 +4,11 @@ time `dimmer`'s `Controller.step` takes against site size.
     python3 bench/sim_speed.py              # all figures (about 2 minutes on 2 cores)
     python3 bench/sim_speed.py --quick      # shorter runs, same figures, noisier
     python3 bench/sim_speed.py --step       # only Controller.step against size (about 30 s)
+    python3 bench/sim_speed.py --issue      # only issue 13's runs: swing-8k (none), prometheus-campus (none, dimmer)
 
-Prints figures; never passes or fails. Peak memory is measured in a child process per run (ru_maxrss).
+Prints figures; never passes or fails. Peak memory is measured in a child process per run (ru_maxrss). On a shared
+machine wall time moves with what else runs; each run also prints its figure by the process's CPU time, and how many
+of its control periods the plant took at once (gridsim/period.py) rather than tick by tick.
 """
 
 from __future__ import annotations
@@ -22,26 +25,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import campus, machine
 
-SWING_8K = Path(__file__).resolve().parents[1] / "scenarios" / "swing-8k.toml"
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
+SWING_8K = SCENARIOS / "swing-8k.toml"
+# gpus < 0 in one_run: a scenario of the library, by this index
+LIBRARY = {-1: SCENARIOS / "prometheus-campus.toml"}
 
 
 def one_run(gpus: int, duration_s: float, controller: str = "none") -> dict[str, float]:
-    """gpus == 0: the library's 8,192-GPU swing scenario; otherwise a generated campus of about `gpus` GPUs."""
+    """gpus == 0: the library's 8,192-GPU swing scenario; gpus < 0: the library scenario LIBRARY[gpus]; otherwise a
+    generated campus of about `gpus` GPUs."""
     import numpy as np
 
-    from gridsim.engine import run
+    from dimmer.control import make_controller
+    from gridsim.engine import Simulation
     from gridsim.scenario import load_scenario
 
     t0 = time.perf_counter()
-    loaded = (
-        load_scenario(SWING_8K, [f"duration_s={duration_s}", f"controller.name={controller}"])
-        if gpus == 0
-        else campus(gpus, duration_s, controller)
-    )
+    overrides = [f"duration_s={duration_s}", f"controller.name={controller}"]
+    if gpus <= 0:
+        loaded = load_scenario(SWING_8K if gpus == 0 else LIBRARY[gpus], overrides)
+    else:
+        loaded = campus(gpus, duration_s, controller)
     site = loaded.site()
     build_s = time.perf_counter() - t0
-    res = run(loaded)
+    sc = loaded.scenario
+    ctrl = make_controller(controller, site, sc.controllers.get(controller, {}), source=loaded.source)
+    sim = Simulation(loaded, site, ctrl, sc.seed)
+    cpu0 = time.process_time()
+    res = sim.run()
+    cpu_s = time.process_time() - cpu0
+    block = sim.period_block
     n_ticks = res.t_s.size
+    n_periods = res.period_t_s.size
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {
         "gpus": site.n_gpus,
@@ -50,6 +65,8 @@ def one_run(gpus: int, duration_s: float, controller: str = "none") -> dict[str,
         "sim_s": duration_s,
         "wall_s": res.wall_s,
         "x_realtime": duration_s / res.wall_s,
+        "x_realtime_cpu": duration_s / cpu_s,
+        "periods_whole": (block.taken if block is not None and sim.period_advance else 0) / n_periods,
         "us_per_tick": res.wall_s / n_ticks * 1e6,
         "site_build_s": build_s,
         "peak_rss_mb": peak_mb,
@@ -72,6 +89,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--step", action="store_true", help="only dimmer's Controller.step against site size")
+    ap.add_argument("--issue", action="store_true", help="only issue 13's three reference runs")
     ap.add_argument("--child", nargs=3)
     args = ap.parse_args()
     if args.child:
@@ -79,6 +97,9 @@ def main() -> None:
         return
     scale = 0.1 if args.quick else 1.0
     print(f"machine: {machine()}")
+    issue_figures(scale)
+    if args.issue:
+        return
     if not args.step:
         plant_figures(scale)
     print("dimmer's Controller.step against size, and the plant with it (120 s simulated each; target 1 ms p50 at 1M):")
@@ -88,6 +109,24 @@ def main() -> None:
         print(
             f"  {r['gpus']:>10,} {r['racks']:>7,} {r['step_ms_p50']:>12.2f} {r['step_ms_p99']:>12.2f} "
             f"{r['x_realtime']:>12.0f}"
+        )
+
+
+def issue_figures(scale: float) -> None:
+    """Issue 13's targets: swing-8k.toml with `none` at 5,000x; prometheus-campus.toml at 200x with `none` and 100x
+    with `dimmer`, within 2 GB."""
+    print("issue 13 (dt 0.1 s, control period 1 s):")
+    runs = (
+        ("swing-8k.toml, none", 0, 600.0, "none", "5,000x"),
+        ("prometheus-campus.toml, none", -1, 120.0, "none", "200x, < 2 GB"),
+        ("prometheus-campus.toml, dimmer", -1, 120.0, "dimmer", "100x, < 2 GB"),
+    )
+    for label, gpus, dur, controller, target in runs:
+        r = in_child(gpus, max(dur * scale, 60.0), controller)
+        print(
+            f"  {label}: {r['sim_s']:.0f} s simulated in {r['wall_s']:.2f} s = {r['x_realtime']:.0f}x real time "
+            f"({r['x_realtime_cpu']:.0f}x by CPU time), {r['periods_whole']:.0%} of periods at once, "
+            f"peak RSS {r['peak_rss_mb']:.0f} MB (target {target})"
         )
 
 

@@ -25,9 +25,10 @@ from dimmer.site import SiteModel
 from gridsim.errors import ActionsError
 from gridsim.events import job_mask, pcc_schedule
 from gridsim.faults import Faults, Telemetry
+from gridsim.period import PeriodBlock
 from gridsim.plant.breakers import BreakerBank
 from gridsim.plant.gpu import GpuBank
-from gridsim.plant.grid import FrequencyModel, FrequencyReplay, load_frequency_csv
+from gridsim.plant.grid import FrequencyReplay, load_frequency_csv
 from gridsim.plant.storage import CampusBess, CapacitorTrays, RackBbus
 from gridsim.plant.workload import Workload
 from gridsim.scenario import (
@@ -37,27 +38,11 @@ from gridsim.scenario import (
     FrequencyStepEvent,
     JobEvent,
     LoadedScenario,
-    StorageFault,
 )
-from gridsim.wear import SocTurningPoints
+from gridsim.tick import TICK_SERIES as TICK_SERIES  # (re-exported: the scenario loader and users read it here)
+from gridsim.tick import TickLoop, domain_gather
 
 FloatArray = npt.NDArray[np.float64]
-
-# Per-tick campus aggregates, in this order, recorded for every tick.
-TICK_SERIES = (
-    "demand_w",  # what the racks would draw uncapped, with no floors and no storage
-    "load_w",  # what the racks draw after caps, floors and ramp limits
-    "campus_w",  # after capacitor trays and BBUs: the campus bus
-    "bess_w",  # campus battery, positive = discharging
-    "grid_w",  # import at the PCC
-    "pcc_limit_w",
-    "freq_hz",
-    "bess_soc_frac",
-    "floor_burn_w",  # power the floors burn above what the GPUs would draw
-    "bbu_w",  # every rack BBU together, positive = discharging into its rack, negative = recharging
-    "bbu_soc_min_frac",  # the emptiest rack BBU (NaN: no BBUs)
-    "bbu_soc_mean_frac",
-)
 
 
 @dataclass
@@ -140,17 +125,7 @@ def check_actions(act: Actions, n_racks: int, n_jobs: int) -> tuple[str, str] | 
     return None
 
 
-def _domain_gather(site: SiteModel) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int, int]:
-    """How the engine computes site.domain_load_w: (start, stop) rack indices of the domains before `lo`, gathered,
-    and from `lo` on the rack-level domains when they are the last ones and hold one rack each in order, from rack
-    `r0` (their load is then csum[r0 + 1 + i] - csum[r0 + i], read as two slices)."""
-    start, stop = site.domain_rack_start, site.domain_rack_stop
-    n = site.n_domains
-    lo = n
-    while lo > 0 and stop[lo - 1] == start[lo - 1] + 1 and (lo == n or start[lo] == start[lo - 1] + 1):
-        lo -= 1
-    r0 = int(start[lo]) if lo < n else 0
-    return start[:lo].astype(np.int64), stop[:lo].astype(np.int64), lo, r0
+_domain_gather = domain_gather  # (its tests import it from here)
 
 
 def _record_domain_index(site: SiteModel, racks: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -177,10 +152,24 @@ def run(
 
 
 class Simulation:
-    def __init__(self, loaded: LoadedScenario, site: SiteModel, ctrl: Controller, seed: int) -> None:
+    def __init__(
+        self,
+        loaded: LoadedScenario,
+        site: SiteModel,
+        ctrl: Controller,
+        seed: int,
+        period_advance: bool | None = None,
+    ) -> None:
+        """`period_advance`: take a control period's ticks at once where nothing discrete happens inside it
+        (gridsim/period.py; the same numbers to the bit); False runs every tick one by one; None (the default) takes
+        periods at once where that pays, on sites small enough that a tick's cost is numpy's per-call overhead."""
         sc = loaded.scenario
         self.loaded = loaded
         self.sc = sc
+        self.period_advance = period_advance
+        if period_advance is None:
+            self.period_advance = PeriodBlock.pays(site.n_racks, round(sc.engine.control_period_s / sc.engine.tick_s))
+        self.period_block: PeriodBlock | None = None  # the last run's (what it took and refused)
         self.site = site
         self.ctrl = ctrl
         self.seed = seed
@@ -334,97 +323,22 @@ class Simulation:
     def run(self, progress: Callable[[float], None] | None = None) -> SimResult:
         site, sc, dt = self.site, self.sc, self.dt
         n, tpp = self.n_ticks, self.ticks_per_period
-        n_periods = (n + tpp - 1) // tpp
         n_jobs = site.n_jobs
-
-        tick = {key: np.zeros(n) for key in TICK_SERIES}
-        rec_d, rec_r = self.rec_domains, self.rec_racks
-        period = {
-            "domain_w": np.zeros((n_periods, rec_d.size)),
-            "domain_thermal_frac": np.zeros((n_periods, rec_d.size)),
-            "domain_limit_w": np.zeros((n_periods, rec_d.size)),
-            "job_cap_w": np.zeros((n_periods, n_jobs)),
-            "job_floor_w": np.zeros((n_periods, n_jobs)),
-            "job_speed_frac": np.zeros((n_periods, n_jobs)),
-            "job_state": np.zeros((n_periods, n_jobs)),
-            "rack_w": np.zeros((n_periods, rec_r.size)),
-            "rack_cap_w": np.zeros((n_periods, rec_r.size)),
-            "bbu_soc_min_frac": np.zeros(n_periods),
-            "bbu_soc_mean_frac": np.zeros(n_periods),
-        }
-        period_t = np.zeros(n_periods)
-        # BBU wear and ride-through: every rack's SoC turning points, and the least time any rack's stored
-        # energy could carry its load (over racks and periods)
-        bbu_turns = SocTurningPoints(self.bbus.soc_frac)
-        has_bbu = self.bbus.capacity_j > 0
-        bbu_eff = math.sqrt(self.bbus.round_trip_eff)
-        min_ride_through_s = math.inf
-        any_bbu = bool(has_bbu.any())
-        bbu_window = self.bbus.soc_max_frac - self.bbus.soc_min_frac
-        if not any_bbu:
-            tick["bbu_soc_min_frac"][:] = np.nan
-            tick["bbu_soc_mean_frac"][:] = np.nan
-        step_ms = np.full(n_periods, np.nan)  # the first period runs hands-off: no telemetry yet
+        loop = TickLoop(self)
+        block = self.period_block = PeriodBlock(loop)
+        step_ms = loop.step_ms
 
         self.apply(0.0, Actions.hands_off(site))
         pending: deque[tuple[float, Actions]] = deque()
         latency = sc.engine.actuation_latency_s
         events = sorted(sc.events, key=lambda e: e.at_s)
         ev_i = 0
-        replay_dev = self.replay_dev_hz
-        ext_load_w = 0.0
         events_log: list[tuple[float, str]] = []
-
-        freq_model: FrequencyModel | None = None
-        freq_hz = sc.grid.nominal_hz
-        full_speed = np.ones(n_jobs)
-        peak_w = self.workload.rack_peak_w()  # constant over the run
-        job_speed = full_speed
-        rack_ones = np.ones(site.n_racks, dtype=bool)
-        energized = rack_ones
-        rows = self.ring.shape[0]
-        gain, fixed = self.rack_gain, self.rack_fixed
-        active_over_eff = site.rack_active_gpus / site.rectifier_eff
-        # per-tick buffers: nothing of a tick's size is allocated in the loop
-        demand = np.zeros(site.n_racks)
-        rack_w = np.zeros(site.n_racks)
-        demand_w = np.zeros(site.n_racks)
-        domain_csum = np.zeros(site.n_racks + 1)  # [0, cumsum of the racks' grid-side power]
-        domain_hi = np.zeros(site.n_domains)
-        domain_w = np.zeros(site.n_domains)
-        d_start, d_stop, lo, r0 = _domain_gather(site)
-        head_w, head_hi = domain_w[:lo], domain_hi[:lo]
-        tail_w, csum_tail = domain_w[lo:], domain_csum[r0 + 1 : r0 + 1 + site.n_domains - lo]
-        csum_prev = domain_csum[r0 : r0 + site.n_domains - lo]
-        # only the recorded domains' loads are averaged over the period: gather those when they are few
-        gather_rec = rec_d.size < site.n_domains // 2
-        domain_w_acc = np.zeros(rec_d.size if gather_rec else site.n_domains)
-        domain_rec = np.zeros(rec_d.size)
-        # the series, bound once
-        s_demand, s_load, s_campus = tick["demand_w"], tick["load_w"], tick["campus_w"]
-        s_bess, s_grid, s_pcc, s_freq = tick["bess_w"], tick["grid_w"], tick["pcc_limit_w"], tick["freq_hz"]
-        s_bess_soc, s_burn, s_bbu = tick["bess_soc_frac"], tick["floor_burn_w"], tick["bbu_w"]
-        s_bbu_min, s_bbu_mean = tick["bbu_soc_min_frac"], tick["bbu_soc_mean_frac"]
-        pcc_ramps, pcc_base = self.pcc.varies, self.pcc.base_w
-        # What is kept from tick to tick while its inputs stand still: which racks are energized (and the fixed part
-        # of their demand), the GPUs' caps and floors (gpus.version), the BBUs' charge (bbus.idle: nothing moved).
-        # A storage fault writes the BBUs' charge from outside, so with one in the scenario the charge is re-read.
-        energized_seen: npt.NDArray[np.bool_] | None = None
-        all_on = True
-        fixed_on = 0.0
-        gpus_seen = -1
-        floors_zero = False
-        caps_bind = False
-        storage_faults = any(isinstance(f.event, StorageFault) for f in self.faults.faults)
-        rack_soc = self.bbus.soc_frac
-        soc_fresh = False
-        soc_turns_due = True
-        k2_rec = self.breakers.pickup_k[rec_d] ** 2
-        bbu_soc_min = bbu_soc_mean = math.nan
         wall0 = time.perf_counter()
         last_progress = wall0
 
-        for k in range(n):
+        k = 0
+        while k < n:
             t = k * dt
             # timed events
             while ev_i < len(events) and events[ev_i].at_s <= t + 1e-9:
@@ -444,14 +358,14 @@ class Simulation:
                     dmask[site.domain_index(ev.domain)] = True
                     self.breakers.derate(dmask, ev.factor)
                 elif isinstance(ev, FrequencyStepEvent):
-                    ext_load_w += ev.load_mw * 1e6
+                    loop.ext_load_w += ev.load_mw * 1e6
                 elif isinstance(ev, CurtailEvent | FrequencyReplayEvent):
                     pass  # the PCC schedule and the replayed deviation (self.replay_dev_hz) already hold it
 
             # control
             if k % tpp == 0 and k > 0:
                 p = k // tpp
-                obs = self.observe(t, k - 1, freq_hz)
+                obs = self.observe(t, k - 1, loop.freq_hz)
                 t0 = time.perf_counter()
                 act = self.ctrl.step(obs)
                 step_ms[p] = (time.perf_counter() - t0) * 1e3
@@ -466,159 +380,30 @@ class Simulation:
             while pending and pending[0][0] <= t + 1e-9:
                 self.apply(t, pending.popleft()[1])
 
-            # plant
-            self.faults.storage(t, self.trays, self.bbus, self.bess)
-            if energized is not energized_seen:  # the first tick
-                energized_seen = energized
-                all_on = bool(energized.all())
-                fixed_on = float(np.add.reduce(fixed * energized))
-            self.workload.advance(dt, job_speed, self.job_suspend, energized)
-            self.workload.rack_demand_w(demand)
-            draw = self.gpus.step(t, dt, demand, energized)
-            np.multiply(gain, draw, out=rack_w)
-            rack_w += fixed
-            if not all_on:
-                rack_w *= energized
-            tray_w = self.trays.step(dt, rack_w, None if all_on else energized)
-            grid_rack_w = self.bbus.step(dt, tray_w, self.bbu_threshold_w, self.bbu_recharge_w, energized)
-            bess_w = self.bess.step(dt, self.bess_setpoint_w)
-            # site.domain_load_w, into this tick's buffers
-            np.cumsum(grid_rack_w, out=domain_csum[1:])
-            np.take(domain_csum, d_stop, out=head_w)
-            np.take(domain_csum, d_start, out=head_hi)
-            head_w -= head_hi
-            np.subtract(csum_tail, csum_prev, out=tail_w)  # one rack each, in order: slices, not gathers
-            campus_w = float(domain_w[0])
-            grid_w = campus_w - bess_w
-            if self.faults.faults and self.faults.islanded(t):
-                grid_w = 0.0  # on backup power: the racks run, the grid sees nothing
-            # The campus domain is the PCC: the battery sits behind it, so its breaker and meter carry the net import.
-            domain_w[0] = grid_w
-            self.breakers.step(t, dt, domain_w)
-            energized = self.breakers.rack_energized()  # the same array until a breaker opens or closes
-            if energized is not energized_seen:
-                energized_seen = energized
-                all_on = bool(energized.all())
-                fixed_on = float(np.add.reduce(fixed * energized))
-            if freq_model is None:
-                freq_model = FrequencyModel(sc.grid, grid_w, dt)
-            extra = float(replay_dev[k]) if replay_dev is not None else 0.0
-            freq_hz = freq_model.step(grid_w + ext_load_w, extra)
-
-            # throughput of each job: its slowest running rack
-            if self.gpus.version != gpus_seen:
-                gpus_seen = self.gpus.version
-                floors_zero = float(np.max(self.gpus.floor_w, initial=0.0)) <= 0.0
-                caps_bind = bool(self.job_racks.size) and bool(np.any(self.gpus.cap_w < peak_w))
-            if self.gpus_ramp_limited:
-                held_w = self.gpus.power_limit_w(demand)
-                binds = bool(self.job_racks.size) and bool(np.any(held_w < peak_w))
+            # plant: the whole control period at once where nothing discrete happens inside it, else one tick
+            if k % tpp == 0 and self.period_advance:
+                quiet_until_s = min(
+                    events[ev_i].at_s if ev_i < len(events) else math.inf,
+                    pending[0][0] if pending else math.inf,
+                )
+                if block.advance(k, quiet_until_s):
+                    k += tpp
+                else:
+                    loop.tick_at(k)
+                    k += 1
             else:
-                held_w = self.gpus.cap_w
-                binds = caps_bind
-            if binds:
-                rack_speed = self.gpus.rack_speed_frac(peak_w, held_w)
-                job_speed = np.minimum.reduceat(rack_speed[self.job_racks], self.job_starts)
-            else:
-                job_speed = full_speed  # no cap binds anywhere
-
-            # telemetry and recording
-            row = k % rows
-            self.ring[row] = grid_rack_w
-            self.ring_load[row] = rack_w
-            self.ring_grid[row] = grid_w
-            if gather_rec:
-                np.take(domain_w, rec_d, out=domain_rec)
-                domain_w_acc += domain_rec
-            else:
-                domain_w_acc += domain_w
-            # Sums, not `gain @ demand`: numpy's @ on a long vector is BLAS's dot, which splits it over threads
-            # (OpenBLAS: above 10,000 racks): its last bit then depends on the machine's core count, and on a busy
-            # machine a threaded dot of 14k racks took a millisecond a tick.
-            np.multiply(gain, demand, out=demand_w)
-            if not all_on:
-                demand_w *= energized
-            s_demand[k] = float(np.add.reduce(demand_w)) + fixed_on
-            s_load[k] = np.add.reduce(rack_w)
-            s_campus[k] = campus_w
-            s_bess[k] = bess_w
-            s_grid[k] = grid_w
-            s_pcc[k] = self.pcc.at(t) if pcc_ramps else pcc_base
-            s_freq[k] = freq_hz
-            s_bess_soc[k] = self.bess.soc_frac
-            if floors_zero and not self.gpus_ramp_limited:
-                # draw = min(demand, cap) (or 0 where not energized): nothing burns above it
-                s_burn[k] = 0.0
-            else:
-                burn = np.maximum(draw - np.minimum(demand, self.gpus.cap_w), 0.0)
-                s_burn[k] = float(np.add.reduce(active_over_eff * burn))
-            bbus_idle = self.bbus.idle
-            if bbus_idle:
-                s_bbu[k] = 0.0
-            else:
-                s_bbu[k] = float(np.add.reduce(self.bbus.discharge_w) - np.add.reduce(self.bbus.recharge_w))
-            if not (bbus_idle and soc_fresh and not storage_faults):
-                rack_soc = self.bbus.soc_frac  # a property that computes: shared with the period record
-                soc_fresh = True
-                soc_turns_due = True
-                if any_bbu:
-                    bbu_soc = rack_soc[has_bbu]
-                    bbu_soc_min = bbu_soc.min()
-                    bbu_soc_mean = bbu_soc.mean()
-            if any_bbu:
-                s_bbu_min[k] = bbu_soc_min
-                s_bbu_mean[k] = bbu_soc_mean
-
-            if (k + 1) % tpp == 0 or k == n - 1:
-                p = k // tpp
-                cnt = (k % tpp) + 1
-                period_t[p] = (p * tpp) * dt
-                period["domain_w"][p] = (domain_w_acc if gather_rec else domain_w_acc[rec_d]) / cnt
-                domain_w_acc[:] = 0.0
-                period["domain_thermal_frac"][p] = self.breakers.theta[rec_d] / k2_rec  # thermal_frac()[rec_d]
-                period["domain_limit_w"][p] = self.breakers.rating_w[rec_d]
-                if n_jobs:
-                    first = self.job_first_rack
-                    period["job_cap_w"][p] = self.gpus.cap_w[first]
-                    period["job_floor_w"][p] = self.gpus.floor_w[first]
-                    period["job_speed_frac"][p] = job_speed
-                    period["job_state"][p] = self.workload.job_state
-                period["rack_w"][p] = grid_rack_w[rec_r]
-                period["rack_cap_w"][p] = self.gpus.cap_w[rec_r]
-                period["bbu_soc_min_frac"][p] = rack_soc.min() if site.n_racks else np.nan
-                if soc_turns_due:  # (a second update with the same SoC changes nothing: skipped)
-                    bbu_turns.update(rack_soc)
-                    soc_turns_due = False
-                loaded_r = rack_w > 0
-                if loaded_r.any():
-                    ride = np.where(has_bbu, self.bbus.stored_j * bbu_eff, 0.0)[loaded_r] / rack_w[loaded_r]
-                    min_ride_through_s = min(min_ride_through_s, float(ride.min()))
-                period["bbu_soc_mean_frac"][p] = rack_soc.mean() if site.n_racks else np.nan
-                if progress is not None:
-                    now = time.perf_counter()
-                    if now - last_progress > 0.5:
-                        progress((k + 1) / n)
-                        last_progress = now
+                loop.tick_at(k)
+                k += 1
+            if progress is not None and k % tpp == 0:
+                now = time.perf_counter()
+                if now - last_progress > 0.5:
+                    progress(k / n)
+                    last_progress = now
 
         wall = time.perf_counter() - wall0
         if progress is not None:
             progress(1.0)
-        storage = {
-            "bess_energy_in_j": float(np.sum(self.bess.energy_in_j)),
-            "bess_energy_out_j": float(np.sum(self.bess.energy_out_j)),
-            "bess_loss_j": float(np.sum(self.bess.loss_j)),
-            "bess_equivalent_cycles": float(np.sum(self.bess.equivalent_cycles())),
-            "bbu_energy_in_j": float(np.sum(self.bbus.energy_in_j)),
-            "bbu_energy_out_j": float(np.sum(self.bbus.energy_out_j)),
-            "bbu_loss_j": float(np.sum(self.bbus.loss_j)),
-            "tray_energy_in_j": float(np.sum(self.trays.energy_in_j)),
-            "tray_energy_out_j": float(np.sum(self.trays.energy_out_j)),
-            "bbu_fault_drained_j": self.faults.drained_j,
-            "bbu_usable_j": float(np.sum(bbu_window * self.bbus.capacity_j)),
-        }
-        worst = float(bbu_turns.cycles_per_rack(bbu_window).max(initial=0.0))
-        storage["bbu_equivalent_cycles_max"] = worst if any_bbu else math.nan
-        storage["bbu_min_ride_through_s"] = min_ride_through_s if any_bbu else math.nan
+        storage = loop.storage_totals()
         trips = [(float(ts), site.domain_name[d]) for ts, d in self.breakers.trip_log]
         return SimResult(
             scenario=sc.name,
@@ -628,11 +413,11 @@ class Simulation:
             tick_s=dt,
             duration_s=n * dt,
             t_s=np.arange(n, dtype=np.float64) * dt,
-            tick=tick,
-            period_t_s=period_t,
-            period=period,
-            recorded_domains=rec_d,
-            recorded_racks=rec_r,
+            tick=loop.tick,
+            period_t_s=loop.period_t,
+            period=loop.period,
+            recorded_domains=self.rec_domains,
+            recorded_racks=self.rec_racks,
             trips=trips,
             accounting=self.workload.accounting(),
             storage=storage,

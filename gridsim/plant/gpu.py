@@ -94,10 +94,15 @@ class GpuBank:
         self.ramp_up_w_per_s = float(ramp_up_w_per_s)
         self.ramp_down_w_per_s = float(ramp_down_w_per_s)
         n = self.cap_w.shape[0]
-        cap = np.broadcast_to(np.asarray(cap_w, dtype=np.float64), (n,))
-        floor = np.broadcast_to(np.asarray(floor_w, dtype=np.float64), (n,))
-        cap = np.clip(cap, self._min_cap_w, self._rated_w)  # NaN stays NaN
-        floor = np.clip(floor, 0.0, self._floor_max_w)
+        cap = np.asarray(cap_w, dtype=np.float64)
+        floor = np.asarray(floor_w, dtype=np.float64)
+        if cap.shape != (n,):
+            cap = np.broadcast_to(cap, (n,))
+        if floor.shape != (n,):
+            floor = np.broadcast_to(floor, (n,))
+        # np.clip's values (NaN stays NaN) without its Python-level wrapper, a control period's fixed cost
+        cap = np.minimum(np.maximum(cap, self._min_cap_w), self._rated_w)
+        floor = np.minimum(np.maximum(floor, 0.0), self._floor_max_w)
         if self._oob:
             self._pending.append((t_s + self.spec.oob_delay_s, cap, floor))
             self._merge(self.cap_target_w, self.floor_target_w, cap, floor)
@@ -108,7 +113,7 @@ class GpuBank:
             np.copyto(self.floor_w, self.floor_target_w)
             self._settling = False
             self.version += 1
-        elif np.array_equal(self.cap_target_w, self.cap_w) and np.array_equal(self.floor_target_w, self.floor_w):
+        elif bool((self.cap_target_w == self.cap_w).all()) and bool((self.floor_target_w == self.floor_w).all()):
             # already there: the lag would add (target - x)(1 - exp(-dt/tau)) = 0 to every value each tick
             self._settling = False
         else:

@@ -67,54 +67,76 @@ class CapacitorTrays:
         Where `energized` is False (a tripped breaker above the rack) the tray holds its charge, the rack
         draws 0 from upstream and the low-pass restarts from 0 (the rack comes back from an outage).
         """
+        self.step_ticks(dt_s, rack_w[np.newaxis], energized)
+        return self.upstream_w
+
+    def step_ticks(self, dt_s: float, rack_w: FloatArray, energized: BoolArray | None = None) -> FloatArray:
+        """`step` over ticks of dt_s with the loads `rack_w` (n_ticks, n_racks); returns each tick's upstream draw
+        (n_ticks, n_racks), a new array.
+
+        Tick by tick, what carries over (the low-pass, the charge) takes the same operations as a step at a time;
+        what does not (the energy totals, the upstream draw) is computed for all the ticks at once, row by row with
+        the same operations, so n ticks here and n calls of `step` leave the same numbers to the bit.
+        """
         if dt_s != self._dt_s:
             self._dt_s = dt_s
             self._decay = _decay(dt_s, self.smoothing_tau_s)
         lp = self._lp_w
-        p = self.power_w
         tmp = self._tmp
         e = self.energy_j
         inv_dt = 1.0 / dt_s
-        if self._primed:  # exact step of the low-pass for a load held over dt
-            np.subtract(rack_w, lp, out=tmp)
-            tmp *= 1.0 - self._decay
-            lp += tmp
-        else:
-            np.copyto(lp, rack_w)
-            self._primed = True
-        if energized is not None:
-            lp *= energized
-        # what the tray must supply for the upstream to see lp + (E_half - E) / tau_r
-        np.subtract(e, self._half_j, out=tmp)
-        tmp *= 1.0 / self.recenter_tau_s
-        np.add(tmp, rack_w, out=p)
-        p -= lp
-        # discharge: within power, the energy held and the rack's own load (no back-feed)
-        np.multiply(e, inv_dt, out=tmp)
-        np.minimum(tmp, self.power_max_w, out=tmp)
-        np.minimum(p, tmp, out=p)
-        np.maximum(rack_w, 0.0, out=tmp)
-        np.minimum(p, tmp, out=p)
-        # charge: within power and the room left
-        np.subtract(e, self.energy_max_j, out=tmp)
-        tmp *= inv_dt
-        np.maximum(tmp, self._neg_power_w, out=tmp)
-        np.maximum(p, tmp, out=p)
-        if energized is not None:
-            p *= energized
-        np.multiply(p, dt_s, out=tmp)
-        e -= tmp
-        np.maximum(e, 0.0, out=e)  # rounding only
-        np.minimum(e, self.energy_max_j, out=e)
-        sum_j = float(np.add.reduce(tmp))
-        np.maximum(tmp, 0.0, out=tmp)
-        out_j = float(np.add.reduce(tmp))
-        self.energy_out_j += out_j
-        self.energy_in_j += out_j - sum_j
-        up = self.upstream_w
-        np.subtract(rack_w, p, out=up)
+        lp_gain = 1.0 - self._decay
+        recenter = 1.0 / self.recenter_tau_s
+        power = np.empty_like(rack_w)
+        # discharge never exceeds the tray's power or the rack's own load (no back-feed): min(power, max(rack, 0)),
+        # for every tick at once (a minimum of three is the same number whichever two are taken first)
+        discharge_max = np.maximum(rack_w, 0.0)
+        np.minimum(discharge_max, self.power_max_w, out=discharge_max)
+        for i in range(rack_w.shape[0]):
+            rack = rack_w[i]
+            if self._primed:  # exact step of the low-pass for a load held over dt
+                np.subtract(rack, lp, out=tmp)
+                tmp *= lp_gain
+                lp += tmp
+            else:
+                np.copyto(lp, rack)
+                self._primed = True
+            if energized is not None:
+                lp *= energized
+            # what the tray must supply for the upstream to see lp + (E_half - E) / tau_r
+            p = power[i]
+            np.subtract(e, self._half_j, out=tmp)
+            tmp *= recenter
+            np.add(tmp, rack, out=p)
+            p -= lp
+            # discharge: within power, the energy held and the rack's own load (no back-feed)
+            np.multiply(e, inv_dt, out=tmp)
+            np.minimum(tmp, discharge_max[i], out=tmp)
+            np.minimum(p, tmp, out=p)
+            # charge: within power and the room left
+            np.subtract(e, self.energy_max_j, out=tmp)
+            tmp *= inv_dt
+            np.maximum(tmp, self._neg_power_w, out=tmp)
+            np.maximum(p, tmp, out=p)
+            if energized is not None:
+                p *= energized
+            np.multiply(p, dt_s, out=tmp)
+            e -= tmp
+            np.maximum(e, 0.0, out=e)  # rounding only
+            np.minimum(e, self.energy_max_j, out=e)
+        # the energy totals in the ticks' order, each tick's sum over racks as np.add.reduce sums the tick's row
+        moved_j = power * dt_s
+        sum_j = np.add.reduce(moved_j, axis=1).tolist()
+        np.maximum(moved_j, 0.0, out=moved_j)
+        out_j = np.add.reduce(moved_j, axis=1).tolist()
+        for s_j, o_j in zip(sum_j, out_j, strict=True):
+            self.energy_out_j += o_j
+            self.energy_in_j += o_j - s_j
+        up = np.subtract(rack_w, power, out=moved_j)
         if energized is not None:
             up *= energized
+        np.copyto(self.power_w, power[-1])
+        np.copyto(self.upstream_w, up[-1])
         return up
 
 
