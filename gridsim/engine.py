@@ -29,7 +29,9 @@ from gridsim.plant.breakers import BreakerBank
 from gridsim.plant.gpu import GpuBank
 from gridsim.plant.grid import FrequencyModel, FrequencyReplay, load_frequency_csv
 from gridsim.plant.storage import CampusBess, CapacitorTrays, RackBbus
+from gridsim.plant.voltage import VoltageDipEvent  # voltage
 from gridsim.plant.workload import Workload
+from gridsim.ridethrough import VoltagePlant, VoltageRecord  # voltage
 from gridsim.scenario import (
     CurtailEvent,
     DerateEvent,
@@ -85,6 +87,7 @@ class SimResult:
     nominal_hz: float
     events_log: list[tuple[float, str]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
+    voltage: VoltageRecord | None = None  # voltage: the PCC voltage and UPS transfers (gridsim/ridethrough.py)
 
     def to_pandas(self) -> Any:
         import pandas as pd
@@ -201,6 +204,8 @@ class Simulation:
         self.ticks_per_period = round(sc.engine.control_period_s / self.dt)
         self.pcc = pcc_schedule(site, sc.events)
         self.faults = Faults(site, list(sc.events))
+        dips = [e for e in sc.events if isinstance(e, VoltageDipEvent)]  # voltage
+        self.voltage = VoltagePlant(site, sc.grid.source, sc.grid.ride_through, sc.ups, dips, self.n_ticks, self.dt)
 
         # Rack -> AC power is affine in the per-GPU draw: rack_w = gain * draw + fixed.
         zero = site.rack_power_w(np.zeros(site.n_racks))
@@ -319,6 +324,7 @@ class Simulation:
             bess_online=self.bess.online,
             job_running=self.workload.job_running(),
             rack_load_peak_w=seen.load_peak_w,
+            pcc_voltage_pu=self.voltage.observed(k),  # voltage
         )
 
     def apply(self, t_s: float, act: Actions) -> None:
@@ -421,6 +427,7 @@ class Simulation:
         soc_turns_due = True
         k2_rec = self.breakers.pickup_k[rec_d] ** 2
         bbu_soc_min = bbu_soc_mean = math.nan
+        volt_on = self.voltage.active  # voltage
         wall0 = time.perf_counter()
         last_progress = wall0
 
@@ -480,7 +487,8 @@ class Simulation:
             if not all_on:
                 rack_w *= energized
             tray_w = self.trays.step(dt, rack_w, None if all_on else energized)
-            grid_rack_w = self.bbus.step(dt, tray_w, self.bbu_threshold_w, self.bbu_recharge_w, energized)
+            bbu_cmd = self.voltage.bbu_commands(self.bbu_threshold_w, self.bbu_recharge_w, tray_w)  # voltage: UPS
+            grid_rack_w = self.bbus.step(dt, tray_w, *bbu_cmd, energized)
             bess_w = self.bess.step(dt, self.bess_setpoint_w)
             # site.domain_load_w, into this tick's buffers
             np.cumsum(grid_rack_w, out=domain_csum[1:])
@@ -492,6 +500,8 @@ class Simulation:
             grid_w = campus_w - bess_w
             if self.faults.faults and self.faults.islanded(t):
                 grid_w = 0.0  # on backup power: the racks run, the grid sees nothing
+            if volt_on:  # voltage: the PCC voltage, the UPS decision for the next tick (gridsim/ridethrough.py)
+                self.voltage.step(k, t, dt, grid_w, campus_w, tray_w)
             # The campus domain is the PCC: the battery sits behind it, so its breaker and meter carry the net import.
             domain_w[0] = grid_w
             self.breakers.step(t, dt, domain_w)
@@ -641,4 +651,5 @@ class Simulation:
             band_hz=(sc.metrics.band_lo_hz, sc.metrics.band_hi_hz),
             nominal_hz=sc.grid.nominal_hz,
             events_log=events_log,
+            voltage=self.voltage.record(),  # voltage
         )
