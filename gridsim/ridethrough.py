@@ -83,11 +83,12 @@ class VoltagePlant:
         self.rack_share: FloatArray = np.asarray(shares, dtype=np.float64)[rack_unit]
         self.behind_ups = self.rack_share > 0
         self.has_ups = bool(self.behind_ups.any())
-        self.active = math.isfinite(source.sc_mva) or bool(dips) or self.has_ups or source.v_source_pu != 1.0
+        sc_mva = math.inf if source.sc_mva is None else source.sc_mva
+        self.active = math.isfinite(sc_mva) or bool(dips) or self.has_ups or source.v_source_pu != 1.0
         self.source, self.ups = source, ups
         self.r_pu, self.x_pu = impedance_pu(source.x_over_r)
         self.tan_phi = math.tan(math.acos(source.power_factor))
-        self.s_base_w = source.sc_mva * 1e6
+        self.s_base_w = sc_mva * 1e6
         self.ups_clock = CurveClock(ups.tolerance)
         self.ride_clock = CurveClock(ride.curve)
         self.v_s = source_schedule(source.v_source_pu, dips, n_ticks, dt_s) if self.active else None

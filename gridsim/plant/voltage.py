@@ -59,7 +59,7 @@ def _check_curve(curve: Curve) -> None:
 class SourceSpec(Strict):
     """`[grid.source]`: the Thevenin equivalent of the grid at the PCC, and the band the voltage should stay in."""
 
-    sc_mva: float = Field(default=math.inf, gt=0)  # short-circuit power at the PCC; inf (left out): an infinite bus
+    sc_mva: float | None = Field(default=None, gt=0)  # short-circuit power at the PCC; left out: an infinite bus
     x_over_r: float = Field(default=10.0, ge=0, le=100)
     power_factor: float = Field(default=0.99, gt=0, le=1)  # the rectifiers' (PFC), lagging
     v_source_pu: float = Field(default=1.0, ge=0.8, le=1.2)  # before any dip (a tap changer's setting)
