@@ -243,3 +243,14 @@ def test_bad_voltage_keys_are_refused_with_one_line(
     assert main(["validate", str(DIP), "--set", override]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and key in err and str(Path(DIP)) in err, err
+
+
+def test_a_dip_too_deep_for_the_battery_transfers_with_dimmer_too_and_the_limits_hold() -> None:
+    """0.25 pu off the source: the PCC falls under 0.7 pu in the first tick and ITIC's 20 ms run out before any
+    control period: the UPS transfers under dimmer as under none (docs/controller.md, section 7, what it cannot do)."""
+    loaded = load_scenario(DIP, ["events[0].depth_pu=0.25", "duration_s=400"])
+    s = {c: summarize(run(loaded, controller=c)) for c in ("none", "dimmer")}
+    assert s["none"]["ride_through_violations"] == s["dimmer"]["ride_through_violations"] == 1
+    assert s["dimmer"]["load_lost_mw"] == pytest.approx(s["none"]["load_lost_mw"], rel=0.05)
+    assert s["dimmer"]["pcc_overlimit_s"] == 0.0 and s["dimmer"]["ramp_violation_s"] == 0.0
+    assert s["dimmer"]["breaker_trips"] == 0
