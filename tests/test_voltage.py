@@ -254,3 +254,13 @@ def test_a_dip_too_deep_for_the_battery_transfers_with_dimmer_too_and_the_limits
     assert s["dimmer"]["load_lost_mw"] == pytest.approx(s["none"]["load_lost_mw"], rel=0.05)
     assert s["dimmer"]["pcc_overlimit_s"] == 0.0 and s["dimmer"]["ramp_violation_s"] == 0.0
     assert s["dimmer"]["breaker_trips"] == 0
+
+
+def test_a_non_finite_voltage_is_refused_not_summarised() -> None:
+    from gridsim.errors import ResultError
+
+    res = run(load_scenario(DIP, ["duration_s=20"]), controller="none")
+    assert res.voltage is not None and res.voltage.v_pu is not None
+    res.voltage.v_pu[50] = math.nan
+    with pytest.raises(ResultError, match="pcc_voltage_pu"):
+        summarize(res)
