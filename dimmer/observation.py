@@ -55,6 +55,8 @@ class Observation:
     # the least import a parent asks this site to hold (a campus coordinator's floor on a building, where the campus
     # falls faster than the utility's ramp rule lets it and the battery cannot take the rest); NaN: none
     import_floor_w: float = math.nan
+    # the voltage at the PCC (per unit of nominal), the latest RMS reading; NaN: not measured
+    pcc_voltage_pu: float = math.nan
 
     @property
     def n_racks(self) -> int:

@@ -20,6 +20,7 @@ import numpy as np
 
 from dimmer.site import SiteModel
 from dimmer.siteconfig import LEVEL_ORDER
+from gridsim.plant.voltage import VoltageDipEvent
 from gridsim.plant.workload import JobSpec
 from gridsim.scenario import (
     CurtailEvent,
@@ -241,6 +242,9 @@ def events_text(loaded: LoadedScenario) -> str:
             what = f"replay {ev.path}"
         elif isinstance(ev, UtilityEventSpec):
             what = utility_text(ev)
+        elif isinstance(ev, VoltageDipEvent):
+            level = f"{-ev.depth_pu:+g} pu" if ev.depth_pu is not None else f"to {ev.voltage_pu:g} pu"
+            what = f"source voltage {level} for {ev.duration_s:g} s"
         else:  # pragma: no cover - the Event union is closed
             what = ""
         rows.append([f"{ev.at_s:g} s", ev.kind, what])

@@ -30,7 +30,9 @@ from gridsim.plant.breakers import BreakerBank
 from gridsim.plant.gpu import GpuBank
 from gridsim.plant.grid import FrequencyReplay, load_frequency_csv
 from gridsim.plant.storage import CampusBess, CapacitorTrays, RackBbus
+from gridsim.plant.voltage import VoltageDipEvent  # voltage
 from gridsim.plant.workload import Workload
+from gridsim.ridethrough import VoltagePlant, VoltageRecord  # voltage
 from gridsim.scenario import (
     CurtailEvent,
     DerateEvent,
@@ -70,6 +72,7 @@ class SimResult:
     nominal_hz: float
     events_log: list[tuple[float, str]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
+    voltage: VoltageRecord | None = None  # voltage: the PCC voltage and UPS transfers (gridsim/ridethrough.py)
 
     def to_pandas(self) -> Any:
         import pandas as pd
@@ -190,6 +193,8 @@ class Simulation:
         self.ticks_per_period = round(sc.engine.control_period_s / self.dt)
         self.pcc = pcc_schedule(site, sc.events)
         self.faults = Faults(site, list(sc.events))
+        dips = [e for e in sc.events if isinstance(e, VoltageDipEvent)]  # voltage
+        self.voltage = VoltagePlant(site, sc.grid.source, sc.grid.ride_through, sc.ups, dips, self.n_ticks, self.dt)
 
         # Rack -> AC power is affine in the per-GPU draw: rack_w = gain * draw + fixed.
         zero = site.rack_power_w(np.zeros(site.n_racks))
@@ -308,6 +313,7 @@ class Simulation:
             bess_online=self.bess.online,
             job_running=self.workload.job_running(),
             rack_load_peak_w=seen.load_peak_w,
+            pcc_voltage_pu=self.voltage.observed(k),  # voltage
         )
 
     def apply(self, t_s: float, act: Actions) -> None:
@@ -426,4 +432,5 @@ class Simulation:
             band_hz=(sc.metrics.band_lo_hz, sc.metrics.band_hi_hz),
             nominal_hz=sc.grid.nominal_hz,
             events_log=events_log,
+            voltage=self.voltage.record(),  # voltage
         )

@@ -21,6 +21,7 @@ from gridsim.plant.grid import (
     ramp_violation_s,
     ramp_w_per_min,
 )
+from gridsim.ridethrough import voltage_summary
 
 SUMMARY_KEYS = (
     "scenario",
@@ -55,6 +56,10 @@ SUMMARY_KEYS = (
     "bbu_cycles_per_day",
     "bbu_throughput_cycles_per_day",
     "min_bbu_ride_through_s",
+    "min_voltage_pu",
+    "voltage_violation_s",
+    "load_lost_mw",
+    "ride_through_violations",
 )
 
 J_PER_MWH = 3.6e9
@@ -169,6 +174,13 @@ def summarize(res: SimResult) -> dict[str, Any]:
     throughput = st["bbu_energy_out_j"] / usable * per_day if usable > 0 else math.nan
     summary["bbu_throughput_cycles_per_day"] = _finite(throughput)
     summary["min_bbu_ride_through_s"] = _finite(st.get("bbu_min_ride_through_s", math.nan))
+    v_pu = res.voltage.v_pu if res.voltage is not None else None
+    if v_pu is not None and not np.isfinite(v_pu).all():  # (the voltage is not a tick series: checked here)
+        first = int(np.argmax(~np.isfinite(v_pu)))
+        raise ResultError(
+            res.scenario, res.controller, "pcc_voltage_pu", f"is {float(v_pu[first])!r} at t = {first * dt:g} s"
+        )
+    summary |= voltage_summary(res.voltage, dt, res.t_s.size)  # the PCC voltage (gridsim/ridethrough.py)
     assert tuple(summary) == SUMMARY_KEYS
     res.summary = summary
     return summary

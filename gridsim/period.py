@@ -75,6 +75,8 @@ class PeriodBlock:
             return "breaker open"
         if sim.gpus_ramp_limited:
             return "gpu ramp limit"
+        if sim.voltage.active:  # a UPS decision each tick from the PCC voltage (gridsim/ridethrough.py)
+            return "voltage model"
         if not sim.gpus._primed:
             return "first or last period"
         if not (sim.trays._primed and sim.trays._dt_s == dt and sim.breakers._dt_s == dt):

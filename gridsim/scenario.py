@@ -31,6 +31,7 @@ from dimmer.tomlfile import read_toml as read_toml_file
 from gridsim.plant.breakers import BreakerSpec
 from gridsim.plant.gpu import GpuActuationSpec
 from gridsim.plant.grid import DEFAULT_SETTLE_TAU_S, FrequencySpec, ReplayValues, load_frequency_csv
+from gridsim.plant.voltage import UpsSpec, VoltageDipEvent
 from gridsim.plant.workload import BackgroundSpec, JobSpec, Workload
 from gridsim.utility import UtilityEventSpec
 
@@ -194,6 +195,7 @@ Event = Annotated[
     | ActuationFault
     | StorageFault
     | BackupTransferEvent
+    | VoltageDipEvent
     | UtilityEventSpec,
     Field(discriminator="kind"),
 ]
@@ -214,6 +216,7 @@ class Scenario(Strict):
     telemetry: TelemetrySpec = TelemetrySpec()
     metrics: MetricsSpec = MetricsSpec()
     controller: ControllerSpec = ControllerSpec()
+    ups: UpsSpec = UpsSpec()  # the site's UPS transfer on a voltage dip (gridsim/ridethrough.py)
     controllers: dict[str, dict[str, Any]] = {}  # parameters per controller name
     events: list[Event] = []
 
@@ -325,6 +328,7 @@ def check_references(loaded: LoadedScenario) -> None:
     site = loaded.site()
     _check_run_size(loaded, site)
     names = set(site.job_name)
+    _check_ups(loaded, site)
     for i, ev in enumerate(sc.events):
         key = f"events[{i}]"
         if isinstance(ev, JobEvent):
@@ -347,6 +351,20 @@ def check_references(loaded: LoadedScenario) -> None:
             for j in sc.jobs]  # fmt: skip
     Workload(site, jobs, sc.background, np.random.default_rng(0), loaded.source)
     check_controllers(loaded, site)
+
+
+def _check_ups(loaded: LoadedScenario, site: SiteModel) -> None:
+    shares = loaded.scenario.ups.share_frac
+    if isinstance(shares, list):
+        from gridsim.ridethrough import unit_racks  # (it imports the site model only)
+
+        n_units = unit_racks(site)[1]
+        if len(shares) != n_units:
+            raise InputError(
+                loaded.source,
+                "ups.share_frac",
+                f"one share per building ({n_units}), or one number (got {len(shares)})",
+            )
 
 
 def _check_replay(loaded: LoadedScenario, ev: FrequencyReplayEvent, key: str) -> None:

@@ -183,7 +183,11 @@ class TickLoop:
         if not all_on:
             rack_w *= energized
         tray_w = sim.trays.step(dt, rack_w, None if all_on else energized)
-        grid_rack_w = sim.bbus.step(dt, tray_w, sim.bbu_threshold_w, sim.bbu_recharge_w, energized)
+        if sim.voltage.active:  # a UPS carrying its share from the BBUs (gridsim/ridethrough.py)
+            bbu_cmd = sim.voltage.bbu_commands(sim.bbu_threshold_w, sim.bbu_recharge_w, tray_w)
+            grid_rack_w = sim.bbus.step(dt, tray_w, *bbu_cmd, energized)
+        else:
+            grid_rack_w = sim.bbus.step(dt, tray_w, sim.bbu_threshold_w, sim.bbu_recharge_w, energized)
         bess_w = sim.bess.step(dt, sim.bess_setpoint_w)
         # site.domain_load_w, into this tick's buffers
         np.cumsum(grid_rack_w, out=self.domain_csum[1:])
@@ -195,6 +199,8 @@ class TickLoop:
         grid_w = campus_w - bess_w
         if sim.faults.faults and sim.faults.islanded(t):
             grid_w = 0.0  # on backup power: the racks run, the grid sees nothing
+        if sim.voltage.active:  # the PCC voltage, and the UPS decision for the next tick (gridsim/ridethrough.py)
+            sim.voltage.step(k, t, dt, grid_w, campus_w, tray_w)
         # The campus domain is the PCC: the battery sits behind it, so its breaker and meter carry the net import.
         domain_w[0] = grid_w
         sim.breakers.step(t, dt, domain_w)

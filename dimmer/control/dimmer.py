@@ -44,6 +44,7 @@ from dimmer.control.plausibility import PHRASES, PccCheck
 from dimmer.control.rack_math import RackMath, nan_to_num
 from dimmer.control.rack_storage import BbuPolicy
 from dimmer.control.ramp_room import RampRoom, ReturnHold
+from dimmer.control.ride_through import RideThrough
 from dimmer.control.start_room import start_ceiling_w
 from dimmer.errors import from_validation_error
 from dimmer.observation import Actions, Observation, Reason
@@ -141,6 +142,7 @@ class DimmerController:
         )
         self.rack_max_w = self.rm.rack_max_w
         self.ffr = FastFrequencyResponse.for_site(site, params, self.rack_max_w)  # None: no frequency response
+        self.ride = RideThrough.for_site(site, params)  # voltage ride-through (ride_through.py); None: off
         # rack -> the domains above it (CSR rows), for the floors' bound
         self._rack_domains = sp.csr_array(site.incidence.T)
         self._rack_domains.sort_indices()
@@ -960,7 +962,7 @@ class DimmerController:
             guarded &= (relief_rack <= 0) & (bridged_w < self.bbus.power_w)
         if guarded.any():
             threshold = np.where(guarded, np.fmax(threshold, self.rm.rack_power_w(rack_cap) - bridged_w), threshold)
-        return Actions(
+        act = Actions(
             rack_cap_w=rack_cap,
             rack_floor_w=floor,
             bess_setpoint_w=bess_w,
@@ -970,6 +972,7 @@ class DimmerController:
             planned_domain_w=planned,
             reasons=tuple(reasons),
         )
+        return act if self.ride is None else self.ride.apply(obs, act, dt)  # voltage ride-through
 
     def _explain_caps(
         self,

@@ -5,7 +5,7 @@ Kept apart from the controller (dimmer.py) so the step reads without them; docs/
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from dimmer.siteconfig import Strict
 
@@ -97,3 +97,25 @@ class DimmerParams(Strict):
     ffr_max_frac: float = Field(default=0.1, ge=0, le=1)
     # the grid's nominal frequency; None: the nearer of 50 and 60 Hz to the first reading
     ffr_nominal_hz: float | None = Field(default=None, gt=0)
+    # voltage ride-through (ride_through.py): below ride_through_dip_pu at the PCC the caps and floors are held and
+    # the battery discharges at ride_through_bess_frac of its rating, until the voltage has been at or above
+    # ride_through_clear_pu for ride_through_clear_s (or ride_through_max_s has passed); then the support goes at the
+    # ramp limit or over ride_through_return_s, the faster. 0.9 pu: where IEC 61000-4-30 starts a dip (as
+    # remembered). Outside a dip the battery keeps the energy for ride_through_required_s of that support (3 s: the
+    # longest excursion on PRC-024-2's low-voltage curve), and the BBUs' bbu_reserve_s must be at least as long.
+    # 0 dip_pu: off. No voltage reading (NaN): nothing changes.
+    ride_through_dip_pu: float = Field(default=0.9, ge=0, lt=1.2)
+    ride_through_clear_pu: float = Field(default=0.95, gt=0, le=1.2)
+    ride_through_clear_s: float = Field(default=2.0, ge=0, le=600)
+    ride_through_max_s: float = Field(default=30.0, gt=0, le=3600)
+    ride_through_bess_frac: float = Field(default=1.0, ge=0, le=1)
+    ride_through_return_s: float = Field(default=5.0, gt=0, le=3600)  # the support withdrawn over this long
+    ride_through_required_s: float = Field(default=3.0, ge=0, le=3600)
+
+    @field_validator("ride_through_required_s")
+    @classmethod
+    def _bbu_reserve_covers(cls, v: float, info: ValidationInfo) -> float:
+        reserve = info.data.get("bbu_reserve_s")
+        if reserve is not None and v > reserve:
+            raise ValueError(f"at most bbu_reserve_s ({reserve:g} s): the BBUs must keep what the ride-through needs")
+        return v

@@ -28,6 +28,7 @@ from scipy.signal import butter, sosfiltfilt
 
 from dimmer.errors import InputError
 from dimmer.siteconfig import Strict
+from gridsim.plant.voltage import RideThroughSpec, SourceSpec
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -48,6 +49,9 @@ class FrequencySpec(Strict):
     damping_d_pu: float = Field(default=1.0, ge=0, le=10)  # textbook 0.8-2
     governor_tg_s: float = Field(default=0.2, gt=0, le=60)
     turbine_tt_s: float = Field(default=0.5, gt=0, le=60)
+    # the voltage at the PCC (gridsim/plant/voltage.py): the Thevenin source and the ride-through asked of the site
+    source: SourceSpec = SourceSpec()
+    ride_through: RideThroughSpec = RideThroughSpec()
 
     @model_validator(mode="after")
     def _stable(self) -> FrequencySpec:

@@ -112,6 +112,10 @@ def verdict(
     if summary["ramp_violation_s"] > 0:
         problems.append(f"{summary['ramp_violation_s']:,.1f} s over the utility ramp limit"
                         + (f" ({where_ramp})" if where_ramp else ""))  # fmt: skip
+    if summary.get("ride_through_violations", 0):  # the site dropped load the ride-through curve says it must keep
+        n = summary["ride_through_violations"]
+        problems.append(f"{n} UPS transfer{'s' if n != 1 else ''} to backup inside the ride-through curve "
+                        f"(up to {summary['load_lost_mw']:.3g} MW)")  # fmt: skip
     return "Limits held." if not problems else "Limits NOT held: " + "; ".join(problems) + "."
 
 
