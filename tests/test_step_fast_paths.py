@@ -10,11 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dimmer.control.filters import Window, _rms
 from dimmer.control.rack_math import RackMath, nan_to_num
 from dimmer.control.rack_storage import HalfCycles
 from gridsim.scenario import load_scenario
+from tests.budget import examples
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 SITES = ("swing-8k.toml", "sites/two-buildings.toml", "sites/staggered-starts.toml", "sites/bare-racks.toml")
@@ -132,3 +135,89 @@ def test_progressive_cut_with_nothing_over_is_the_formulas() -> None:
             arr[rng.random(n) < 0.05] = rng.choice([np.nan, np.inf, -np.inf])
         with np.errstate(invalid="ignore"):
             assert _bits(progressive_cut_w(e, s, h)) == _bits(_progressive_cut_long_way(e, s, h))
+
+
+# -- the allocation through JobGpus ----------------------------------------------------------------------------------
+
+
+def _alloc_site(name: str, shared_priorities: bool):  # type: ignore[no-untyped-def]
+    """A library site, with its jobs' priorities as they are or folded to two (groups of several jobs)."""
+    from dataclasses import replace
+
+    site = load_scenario(SCENARIOS / name, []).site()
+    if shared_priorities:
+        site = replace(site, job_priority=np.arange(site.n_jobs) % 2)
+    return site
+
+
+def _sparse_vector(rng: np.random.Generator, n: int, scale: float) -> np.ndarray:
+    """A domain vector as the step hands one over: mostly zero, or mostly set, with a few non-finite values."""
+    x = rng.random(n) * scale * (rng.random(n) < rng.choice([0.001, 0.05, 1.0]))
+    if rng.random() < 0.3:
+        x[rng.integers(0, n, 3)] = rng.choice([np.nan, np.inf, -np.inf, -1.0, -0.0])
+    return x
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    name=st.sampled_from((*SITES, "prometheus-campus.toml")),
+    shared=st.booleans(),
+)
+def test_shed_and_grant_through_job_gpus_are_the_bare_matrix(seed: int, name: str, shared: bool) -> None:
+    """shed and grant given a JobGpus (each group read only where it has GPUs) give the bare matrix's reductions,
+    cuts left, and increases to the bit, over groups of one job and of several."""
+    from dimmer.control.allocation import JobGpus, grant, job_gpus_per_domain, priority_groups, shed
+
+    site = _alloc_site(name, shared)
+    gpus = job_gpus_per_domain(site)
+    fast = JobGpus(gpus)
+    groups = priority_groups(site.job_priority)
+    rng = np.random.default_rng(seed)
+    for _ in range(4):  # (the same JobGpus again: what it kept is read as it was worked out)
+        cut = _sparse_vector(rng, site.n_domains, 10.0 ** rng.integers(2, 8))
+        room = rng.random(site.n_jobs) * 400.0 * (rng.random(site.n_jobs) < 0.8)
+        with np.errstate(invalid="ignore", over="ignore"):  # (inf and MAX in both)
+            mine, theirs = (
+                shed(cut, fast, room, groups, site.rectifier_eff),
+                shed(cut, gpus, room, groups, site.rectifier_eff),
+            )
+        assert _bits(mine[0]) == _bits(theirs[0]) and _bits(mine[1]) == _bits(theirs[1])
+        head = _sparse_vector(rng, site.n_domains, 10.0 ** rng.integers(2, 8))
+        if rng.random() < 0.5:
+            head = np.where(np.isfinite(head) & (head == 0), rng.random(site.n_domains) * 1e6, head)
+        want = rng.random(site.n_jobs) * 50.0 * (rng.random(site.n_jobs) < 0.8)
+        if rng.random() < 0.1:
+            want[rng.integers(0, site.n_jobs)] = np.inf
+        with np.errstate(invalid="ignore", over="ignore"):
+            up_mine, up_theirs = (
+                grant(head, fast, want, groups, site.rectifier_eff),
+                grant(head, gpus, want, groups, site.rectifier_eff),
+            )
+        assert _bits(up_mine) == _bits(up_theirs)
+
+
+@settings(max_examples=examples(20), deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), name=st.sampled_from((*SITES, "prometheus-campus.toml")))
+def test_start_ceiling_through_job_gpus_and_rack_math_is_the_bare_one(seed: int, name: str) -> None:
+    """start_ceiling_w with the controller's JobGpus and RackMath lowers the stopped jobs' caps as the bare matrix
+    and the site's own sums do, to the bit."""
+    from dimmer.control.allocation import JobGpus, job_gpus_per_domain, priority_groups
+    from dimmer.control.start_room import start_ceiling_w
+
+    site = _alloc_site(name, False)
+    gpu = site.gpu
+    rng = np.random.default_rng(seed)
+    gpus = job_gpus_per_domain(site)
+    groups = priority_groups(site.job_priority)
+    running = rng.random(site.n_jobs) < 0.5
+    caps = gpu.min_cap_w + rng.random(site.n_jobs) * (gpu.rated_w - gpu.min_cap_w)
+    down = (site.rack_job >= 0) & ~running[np.maximum(site.rack_job, 0)]
+    planned = site.rack_power_w(rng.random(site.n_racks) * gpu.rated_w)
+    bridged = np.where(down, rng.random(site.n_racks) * 2e4, 0.0)
+    room = (rng.random(site.n_domains) - 0.3) * site.domain_rating_w
+    back = np.where(rng.random(site.n_racks) < 0.5, planned * 1.2, np.inf)
+    args = (site, caps, running, down, planned, bridged, room)
+    mine = start_ceiling_w(*args, JobGpus(gpus), groups, site.rectifier_eff, back, RackMath(site))
+    theirs = start_ceiling_w(*args, gpus, groups, site.rectifier_eff, back)
+    assert _bits(mine) == _bits(theirs)

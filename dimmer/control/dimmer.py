@@ -34,7 +34,7 @@ import scipy.sparse as sp
 from pydantic import ValidationError
 
 from dimmer.control import register
-from dimmer.control.allocation import grant, job_gpus_per_domain, priority_groups, shed
+from dimmer.control.allocation import JobGpus, grant, job_gpus_per_domain, priority_groups, shed
 from dimmer.control.campus_battery import bess_room, campus_level, soc_pull_w
 from dimmer.control.dimmer_params import DimmerParams
 from dimmer.control.filters import LowPass, Window, progressive_cut_w
@@ -65,6 +65,7 @@ class DimmerController:
         self.rm = RackMath(site)  # the site's rack arithmetic, its constants worked out once
         self.job_racks = site.rack_job >= 0
         self.gpus = job_gpus_per_domain(site)  # (n_domains, n_jobs)
+        self.job_gpus = JobGpus(self.gpus)  # (the same, with what the allocation reads of it kept)
         self.groups = priority_groups(site.job_priority)
         self.running_rack = (site.rack_job >= 0) & ~site.rack_is_spare
         self.job_rack = np.where(site.rack_job >= 0, site.rack_job, 0)
@@ -753,7 +754,7 @@ class DimmerController:
                 self.cap_w < gpu.rated_w, np.minimum(self.cap_w, job_peak_bound), np.minimum(gpu.rated_w, job_peak)
             )
             room = np.maximum(effective - gpu.min_cap_w, 0.0)
-            reduction, unmet = shed(cut, self.gpus, room, self.groups, self.eta)
+            reduction, unmet = shed(cut, self.job_gpus, room, self.groups, self.eta)
             reduction, unmet = self._shed_past_the_draw(cut, reduction, unmet, effective, room, hidden_frac, gpu_env)
             new_cap = np.where(reduction > 0, effective - reduction, self.cap_w)
             # the interconnect against its bound: the live racks at these caps, after the battery and the BBUs
@@ -802,7 +803,7 @@ class DimmerController:
             back_up = obs.job_running & np.isfinite(self.ceiled_from_w)
             rise = np.where(back_up, np.fmax(rise, nan_to_num(self.ceiled_from_w - new_cap)), rise)
             want = np.maximum(np.where((reduction > 0) | late_job, 0.0, rise), 0.0)
-            up = grant(headroom, self.gpus, want, self.groups, self.eta)
+            up = grant(headroom, self.job_gpus, want, self.groups, self.eta)
             # A capped job may take the band between the release and soft levels too, as far as the soft level: a
             # rise that stops under it draws no cut, so no cut-and-rise cycle. The band is the hysteresis of a job
             # cut from above; a job cut once and held under the release level stays where that cut left it however
@@ -823,7 +824,7 @@ class DimmerController:
                 # also the ramp rule's room, which a band on top of it would overrun)
                 band_left_w[0] = max(float(soft[0] - release[0]), 0.0) if from_ceiling else 0.0
                 band_w = np.where(cut > 0, 0.0, headroom - rise_w + band_left_w)
-                more = grant(np.maximum(band_w, 0.0), self.gpus, asking, self.groups, self.eta)
+                more = grant(np.maximum(band_w, 0.0), self.job_gpus, asking, self.groups, self.eta)
                 up = up + more
                 if more.any():
                     rise_w = self._domain_rise_w(up)
@@ -851,10 +852,11 @@ class DimmerController:
                     np.fmin(load_env, bound_rack),
                     np.where(np.isfinite(guard_w), np.clip(at_caps - guard_w, 0.0, bridged_w), 0.0),
                     soft - planned_w,
-                    self.gpus,
+                    self.job_gpus,
                     self.groups,
                     self.eta,
                     return_to_w,
+                    self.rm,
                 )
             # once it runs again, it goes back to the cap the ceiling took from it as fast as the headroom allows
             # (not at the slow rise: the ceiling was for the tick of its return, which the battery has now met)
