@@ -221,3 +221,59 @@ def test_start_ceiling_through_job_gpus_and_rack_math_is_the_bare_one(seed: int,
     mine = start_ceiling_w(*args, JobGpus(gpus), groups, site.rectifier_eff, back, RackMath(site))
     theirs = start_ceiling_w(*args, gpus, groups, site.rectifier_eff, back)
     assert _bits(mine) == _bits(theirs)
+
+
+# -- the least share above each rack, and the BBUs' figures where they are asked for ----------------------------------
+
+
+@settings(max_examples=examples(30), deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), name=st.sampled_from((*SITES, "prometheus-campus.toml")))
+def test_ancestor_min_is_the_reduceat_over_the_incidence(seed: int, name: str) -> None:
+    """RackMath.ancestor_min, a level at a time, is np.minimum.reduceat over each rack's domains to the bit (NaN and
+    signed zeros included), for shares of 1 where nothing limits and at most 1 where something does."""
+    site = load_scenario(SCENARIOS / name, []).site()
+    rm = RackMath(site)
+    rd = rm.rack_domains
+    rng = np.random.default_rng(seed)
+    for _ in range(5):
+        limiting = rng.random(site.n_domains) < rng.choice([0.0, 0.001, 0.05, 0.5, 1.0])
+        share = np.where(limiting, rng.random(site.n_domains) * rng.choice([1.0, 1e-12]), 1.0)
+        odd = limiting & (rng.random(site.n_domains) < 0.05)
+        share[odd] = rng.choice([np.nan, -0.0, 0.0, 1.0, -np.inf], size=int(odd.sum()))
+        theirs = np.minimum.reduceat(share[rd.indices], rd.indptr[:-1])
+        assert _bits(rm.ancestor_min(share, limiting)) == _bits(theirs)
+
+
+def test_ancestor_min_of_a_tree_that_does_not_tile_is_the_reduceat() -> None:
+    """A hand-made site whose spans are not the incidence takes the reduceat itself."""
+    from dataclasses import replace
+
+    site = load_scenario(SCENARIOS / "sites/two-buildings.toml", []).site()
+    stop = site.domain_rack_stop.copy()
+    stop[-1] = site.domain_rack_start[-1]
+    rm = RackMath(replace(site, domain_rack_stop=stop))
+    share = np.random.default_rng(2).random(site.n_domains)
+    rd = rm.rack_domains
+    assert _bits(rm.ancestor_min(share, share < 1.0)) == _bits(np.minimum.reduceat(share[rd.indices], rd.indptr[:-1]))
+
+
+def test_bbu_figures_worked_out_where_asked_are_the_whole_fleets() -> None:
+    """BbuPolicy.affordable_w at some racks is the whole fleet's at those racks, to the bit, through the SoC runs a
+    fleet goes through (rising, falling, turning, unknown) and any allowance."""
+    from dimmer.control.rack_storage import BbuPolicy
+
+    site = load_scenario(SCENARIOS / "sites/bare-racks.toml", []).site()  # (racks without BBUs)
+    for name in ("swing-8k.toml", "sites/two-buildings.toml", "sites/bare-racks.toml"):
+        site = load_scenario(SCENARIOS / name, []).site()
+        bbus = BbuPolicy(site, 1.0, 90.0, 600.0)
+        rng = np.random.default_rng(9)
+        soc = rng.random(site.n_racks)
+        for _ in range(30):
+            soc = np.clip(soc + rng.normal(0.0, 0.02, site.n_racks), 0.0, 1.0)
+            soc[rng.random(site.n_racks) < 0.03] = np.nan
+            bbus.cycles.update(soc)
+            bbus.allowance = rng.random(site.n_racks) * rng.choice([0.01, 1.0, 2.0])
+            bbus.given_w = rng.random(site.n_racks) * 1e4 * (rng.random(site.n_racks) < 0.3)
+            at = np.flatnonzero(rng.random(site.n_racks) < 0.3)
+            for dt in (0.5, 1.0):
+                assert _bits(bbus.affordable_w(dt, at)) == _bits(bbus.affordable_w(dt)[at])

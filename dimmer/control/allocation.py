@@ -129,9 +129,8 @@ def _shed_group(
     reduction[g] += take
     if grp.col_inside is None or not math.isfinite(float(take[0])):
         return np.maximum(remaining - grp.cols @ take / eta, 0.0)
-    out = remaining.copy()
-    out[inside] = np.maximum(rem_in - grp.col_inside * take[0] / eta, 0.0)
-    return out
+    remaining[inside] = np.maximum(rem_in - grp.col_inside * take[0] / eta, 0.0)  # (shed's own array)
+    return remaining
 
 
 def grant(
@@ -178,6 +177,5 @@ def _grant_group(
     if grp.col_inside is None or not math.isfinite(float(give[0])):
         out: FloatArray = np.maximum(room - grp.cols @ give / eta, 0.0)
         return out
-    room = room.copy()
-    room[inside] = np.maximum(room_in - grp.col_inside * give[0] / eta, 0.0)
+    room[inside] = np.maximum(room_in - grp.col_inside * give[0] / eta, 0.0)  # (grant's own array)
     return room

@@ -30,7 +30,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import scipy.sparse as sp
 from pydantic import ValidationError
 
 from dimmer.control import register
@@ -95,7 +94,7 @@ class DimmerController:
             params.period_s, params.bess_level_s, site.ramp_window_s, params.fill_deadband_frac * site.pcc_limit_w
         )
         self.bbus = BbuPolicy(site, params.bbu_cycle_budget_per_day, params.bbu_reserve_s,
-                              params.bbu_recharge_full_tau_s)  # fmt: skip
+                              params.bbu_recharge_full_tau_s, self.rm)  # fmt: skip
         self.job_run_since_s = np.full(site.n_jobs, -math.inf)  # when each job last began running (inf: not now)
         self.long_env_w = np.full(site.n_racks, np.nan)  # each rack's peak reading, held over return_hold_s
         self.ran_at_w = np.full(site.n_racks, np.nan)  # that hold when the rack's job last ran (NaN: not seen)
@@ -141,8 +140,7 @@ class DimmerController:
         )
         self.rack_max_w = self.rm.rack_max_w
         # rack -> the domains above it (CSR rows), for the floors' bound
-        self._rack_domains = sp.csr_array(site.incidence.T)
-        self._rack_domains.sort_indices()
+        self._rack_domains = self.rm.rack_domains
 
     # -- helpers ---------------------------------------------------------------------------------------------------
 
@@ -335,9 +333,10 @@ class DimmerController:
         base[0] -= bess_w
         added = self.rm.domain_load_w(site.rack_active_gpus * excess_gpu / self.eta)
         room = np.maximum(limit - base, 0.0)
-        share = np.where(added > room, room / np.maximum(added, 1e-9), 1.0)
+        short = added > room
+        share = np.where(short, room / np.maximum(added, 1e-9), 1.0)  # (1 where not short, under 1 where it is)
         # the smallest share among the domains above each rack (every rack is under the campus: no empty segment)
-        rack_share = np.minimum.reduceat(share[self._rack_domains.indices], self._rack_domains.indptr[:-1])
+        rack_share = self.rm.ancestor_min(share, short)
         out: FloatArray = np.where(excess_gpu > 0, base_gpu_w + rack_share * excess_gpu, floor_w)
         return out
 
@@ -493,8 +492,10 @@ class DimmerController:
                 guard_extra_w = np.where(shield, np.maximum(bound_rack - shielded_w, 0.0), 0.0)
                 # the guard holds no lower than the BBU's wear allowance affords if the rack came back at its caps (a
                 # start it bridged on a short run would spend days of cycles); the start ceiling makes room for the rest
-                if shield.any():
-                    bridged_w = np.where(shield, np.fmin(self.bbus.affordable_w(p.period_s), self.bbus.power_w), 0.0)
+                if shield.any():  # (worked out for the shielded racks only: each rack's figure is its own)
+                    at = np.flatnonzero(shield)
+                    bridged_w = np.zeros(site.n_racks)
+                    bridged_w[at] = np.fmin(self.bbus.affordable_w(p.period_s, at), self.bbus.power_w[at])
                 guard_w = np.where(shield, np.fmax(shielded_w, at_caps - bridged_w), np.inf)
                 back = shield & (obs.job_running & settling)[self.job_rack]
                 returning_w = float(np.sum(np.where(back, guard_extra_w, 0.0)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
+import scipy.sparse as sp
 
 from dimmer.site import SiteModel
 
@@ -34,6 +35,36 @@ class RackMath:
         runs = _level_runs(site.domain_rack_start, site.domain_rack_stop)
         # (a tree of a few levels is a few runs; anything else is gathered, as the site does it)
         self._levels = runs if len(runs) <= 64 else None
+        # rack -> the domains above it (CSR rows, ascending), for the least of a value over them
+        self.rack_domains = sp.csr_array(site.incidence.T)
+        self.rack_domains.sort_indices()
+        # ... which the level runs give a level at a time where they are the incidence, every rack under a domain
+        self._runs_are_incidence = self._levels is not None and _runs_are(self.rack_domains, site)
+
+    def ancestor_min(self, share: FloatArray, limiting: npt.NDArray[np.bool_]) -> FloatArray:
+        """Per rack, the least `share` of the domains above it: `np.minimum.reduceat` over the incidence's rows, to
+        the bit (a minimum is exact, and NaN wins either way). `share` must be 1 wherever `limiting` is False and at
+        most 1 elsewhere: a level with nothing limiting leaves the racks as they are."""
+        rd = self.rack_domains
+        # (a -0.0 beside a 0.0 under one rack: which of the two a minimum keeps is the reduction's order, which only
+        # the reduceat has)
+        negative_zero = bool(np.any((share == 0.0) & np.signbit(share)))
+        if not self._runs_are_incidence or self._levels is None or negative_zero:
+            out: FloatArray = np.minimum.reduceat(share[rd.indices], rd.indptr[:-1])
+            return out
+        acc = np.ones(self.site.n_racks)
+        for first, stop, rack0, span in self._levels:
+            if span == 0 or not limiting[first:stop].any():
+                continue
+            k = stop - first
+            part = acc[rack0 : rack0 + span * k]
+            if k == 1:
+                np.minimum(part, share[first], out=part)
+            elif span == 1:
+                np.minimum(part, share[first:stop], out=part)
+            else:
+                np.minimum(part, np.repeat(share[first:stop], span), out=part)
+        return acc
 
     def rack_power_w(self, gpu_draw_w: FloatArray) -> FloatArray:
         """`site.rack_power_w` for a `(n_racks,)` vector."""
@@ -90,6 +121,21 @@ def nan_to_num(x: FloatArray, nan: float = 0.0) -> FloatArray:
     np.copyto(out, _MAX, where=out == np.inf)
     np.copyto(out, -_MAX, where=out == -np.inf)
     return out
+
+
+def _runs_are(rack_domains: sp.csr_array, site: SiteModel) -> bool:
+    """The domains' rack spans are the incidence's rows (its transpose `rack_domains`), and every rack is under one."""
+    if np.any(np.diff(rack_domains.indptr) == 0):
+        return False
+    start, stop = site.domain_rack_start, site.domain_rack_stop
+    spans = [np.arange(int(a), int(b)) for a, b in zip(start, stop, strict=True)]
+    cols = np.concatenate(spans) if spans else np.zeros(0, dtype=np.int64)
+    rows = np.repeat(np.arange(start.shape[0]), stop - start)
+    ranges = sp.csr_array((np.ones(rows.shape[0]), (cols, rows)), shape=rack_domains.shape)
+    ranges.sort_indices()
+    return bool(
+        np.array_equal(ranges.indptr, rack_domains.indptr) and np.array_equal(ranges.indices, rack_domains.indices)
+    )
 
 
 def _level_runs(start: IntArray, stop: IntArray) -> list[tuple[int, int, int, int]]:

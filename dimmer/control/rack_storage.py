@@ -26,12 +26,12 @@ cycle weighs 0.7 % of a full one, 300 full cycles a day). So here the BBUs:
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import scipy.sparse as sp
 
-from dimmer.control.rack_math import nan_to_num
+from dimmer.control.rack_math import RackMath, nan_to_num
 from dimmer.site import SiteModel
 from dimmer.wear import DAY_S, SOC_TURN_HYSTERESIS, depth_for_weight, depth_weight
 
@@ -111,7 +111,14 @@ def _same_bits(a: FloatArray, b: FloatArray | None) -> bool:
 class BbuPolicy:
     """The BBU thresholds and recharge allowances of every rack, vectorised over racks."""
 
-    def __init__(self, site: SiteModel, cycle_budget_per_day: float, reserve_s: float, recharge_full_tau_s: float):
+    def __init__(
+        self,
+        site: SiteModel,
+        cycle_budget_per_day: float,
+        reserve_s: float,
+        recharge_full_tau_s: float,
+        rm: RackMath | None = None,
+    ):
         rs = site.rack_storage
         self.has = rs.bbu_energy_j > 0
         self._all_have = bool(self.has.all())
@@ -130,9 +137,7 @@ class BbuPolicy:
         self.full_tau_s = recharge_full_tau_s
         self.recharge_w = np.zeros(site.n_racks)
         self.given_w = np.zeros(site.n_racks)  # the relief planned last period: the SoC read now may not show it
-        # rack -> the domains above it (CSR rows)
-        self._rack_domains = sp.csr_array(site.incidence.T)
-        self._rack_domains.sort_indices()
+        self.rm = RackMath(site) if rm is None else rm  # (its ancestor_min: the least share above each rack)
 
     def reserve_soc(self, load_w: FloatArray) -> FloatArray:
         """The SoC each shelf keeps: `reserve_s` of its rack's present load as an outage draws it, at least the
@@ -145,20 +150,24 @@ class BbuPolicy:
         out: FloatArray = np.minimum(np.maximum(need, self.soc_min), self.soc_max)  # (np.clip's, without its wrapper)
         return out
 
-    def affordable_w(self, dt_s: float) -> FloatArray:
+    def affordable_w(self, dt_s: float, at: npt.NDArray[np.intp] | None = None) -> FloatArray:
         """Per rack: the most its shelf may give over the next period (W, at its output) with the cycle that opens,
         closed by the recharge after it, within the allowance left: a discharge under way extends its own cycle; a
-        new one first pays for the recharge it interrupts."""
+        new one first pays for the recharge it interrupts. `at`: those racks only, in that order (each rack's
+        figure is its own, worked out alone: the same bits)."""
         c = self.cycles
-        open_depth = c.open_depth()
-        falling = c.direction < 0
-        unpaid = np.where(c.direction > 0, 0.5 * depth_weight(open_depth), 0.0)  # the recharge a new fall turns
-        reach = depth_for_weight(np.maximum(self.allowance - unpaid, 0.0))
-        unseen = self.given_w * dt_s / np.where(self.has, self.energy_j * self.discharge_eff * c.window, np.inf)
+
+        def sel(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
+            return a if at is None else a[at]
+
+        direction, has, energy_j = sel(c.direction), sel(self.has), sel(self.energy_j)
+        open_depth = nan_to_num(np.abs(sel(c.extreme) - sel(c.turn)) / c.window, nan=0.0)  # (c.open_depth())
+        falling = direction < 0
+        unpaid = np.where(direction > 0, 0.5 * depth_weight(open_depth), 0.0)  # the recharge a new fall turns
+        reach = depth_for_weight(np.maximum(sel(self.allowance) - unpaid, 0.0))
+        unseen = sel(self.given_w) * dt_s / np.where(has, energy_j * self.discharge_eff * c.window, np.inf)
         depth = np.maximum(reach - np.where(falling, open_depth, 0.0) - unseen, 0.0)
-        out: FloatArray = np.where(
-            self.has, depth * c.window * self.energy_j * self.discharge_eff / max(dt_s, 1e-3), 0.0
-        )
+        out: FloatArray = np.where(has, depth * c.window * energy_j * self.discharge_eff / max(dt_s, 1e-3), 0.0)
         return out
 
     def can_hold(self, soc: FloatArray, bound_w: FloatArray) -> BoolArray:
@@ -171,10 +180,9 @@ class BbuPolicy:
         """Per rack: soft / planned load of the most loaded domain above it, where that is under 1 (1 elsewhere)."""
         over = planned_w > soft_w
         if not over.any():
-            return np.ones(self._rack_domains.shape[0])
-        share = np.where(over, soft_w / np.maximum(planned_w, 1e-9), 1.0)
-        out: FloatArray = np.minimum.reduceat(share[self._rack_domains.indices], self._rack_domains.indptr[:-1])
-        return out
+            return np.ones(self.has.shape[0])
+        share = np.where(over, soft_w / np.maximum(planned_w, 1e-9), 1.0)  # (1 where not over, under 1 where over)
+        return self.rm.ancestor_min(share, over)
 
     def step(
         self,
@@ -217,17 +225,16 @@ class BbuPolicy:
         # (a guard holds only above the reserve; none held: none to drop)
         guard = guard.copy() if (guard == np.inf).all() else np.where(known & (soc_k > reserve), guard, np.inf)
         if relieve.any():
-            energy_left_w = np.where(
-                relieve, (soc_k - reserve) * self.energy_j * self.discharge_eff / max(dt_s, 1e-3), 0.0
-            )
+            at = np.flatnonzero(relieve)  # (each figure below is its rack's own: worked out where it relieves)
+            energy_left_w = (soc_k[at] - reserve[at]) * self.energy_j[at] * self.discharge_eff / max(dt_s, 1e-3)
             # and no more in a period than the allowance left buys: stopping the relief only once the cycle under
             # way has cost the allowance let each shelf's last period of relief overrun it (commands-delayed: 1.04
             # depth-weighted cycles a day, interruption-storm 1.27, prometheus-campus 1.57, on a budget of 1)
-            afford_w = self.affordable_w(dt_s)
-            excess_w = np.maximum(bound_w - np.maximum(bound_w * scale, 0.0), 0.0)
-            relief: FloatArray = np.where(
-                relieve, np.minimum(np.minimum(excess_w, self.power_w), np.minimum(energy_left_w, afford_w)), 0.0
-            )
+            afford_w = self.affordable_w(dt_s, at)
+            bound_at = bound_w[at]
+            excess_w = np.maximum(bound_at - np.maximum(bound_at * scale[at], 0.0), 0.0)
+            relief: FloatArray = np.zeros(bound_w.shape)
+            relief[at] = np.minimum(np.minimum(excess_w, self.power_w[at]), np.minimum(energy_left_w, afford_w))
             relief = np.maximum(relief, 0.0)
             relieve = relieve & (relief > 0)
             threshold = np.where(relieve, bound_w - relief, guard)
