@@ -277,3 +277,33 @@ def test_bbu_figures_worked_out_where_asked_are_the_whole_fleets() -> None:
             at = np.flatnonzero(rng.random(site.n_racks) < 0.3)
             for dt in (0.5, 1.0):
                 assert _bits(bbus.affordable_w(dt, at)) == _bits(bbus.affordable_w(dt)[at])
+
+
+@pytest.mark.parametrize("name", (*SITES, "prometheus-campus.toml"))
+def test_rack_sums_worked_out_where_racks_are_set_are_the_whole_ones(name: str) -> None:
+    """RackMath.domain_load_w over only the racks that are set (+0.0 elsewhere) and rack_power_at_w at some racks
+    are the whole vector's, to the bit: runs at either end, in the middle, empty, with NaN, inf and -0.0 set."""
+    site = load_scenario(SCENARIOS / name, []).site()
+    rm = RackMath(site)
+    n = site.n_racks
+    rng = np.random.default_rng(13)
+    picks = [
+        np.arange(0, 0),
+        np.arange(0, min(5, n)),
+        np.arange(n - 3, n),
+        np.arange(n // 3, n // 2),
+        np.array([0, n - 1]),
+    ]
+    picks += [np.flatnonzero(rng.random(n) < f) for f in (0.001, 0.1, 0.9)]
+    for at in picks:
+        for odd in (False, True):
+            x = np.zeros(n)
+            x[at] = rng.random(at.size) * 10.0 ** rng.integers(0, 7)
+            if odd and at.size:
+                x[at[rng.integers(0, at.size, 3)]] = rng.choice([np.nan, np.inf, -0.0, 0.0], 3)
+            with np.errstate(invalid="ignore"):
+                assert _bits(rm.domain_load_w(x, only_at=at)) == _bits(rm.domain_load_w(x))
+            g = rng.random(at.size) * 1400.0
+            full = np.zeros(n)
+            full[at] = g
+            assert _bits(rm.rack_power_at_w(g, at)) == _bits(rm.rack_power_w(full)[at])

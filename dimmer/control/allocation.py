@@ -89,7 +89,7 @@ def shed(
     reduction = np.zeros(gpus.shape[1])
     if not np.any(cut_w > 0):
         return reduction, np.zeros(cut_w.shape)  # (no domain asks for a cut: none to make, none unmet)
-    remaining = np.maximum(np.nan_to_num(cut_w), 0.0)
+    remaining = np.maximum(nan_to_num(cut_w), 0.0)
     for group in groups:
         if not remaining.any():
             break

@@ -331,7 +331,8 @@ class DimmerController:
         base_rack = np.where(job_racks, self.rm.rack_power_w(base_gpu_w), load_env)
         base = self.rm.domain_load_w(base_rack)
         base[0] -= bess_w
-        added = self.rm.domain_load_w(site.rack_active_gpus * excess_gpu / self.eta)
+        # (+0.0 on every rack without an excess: summed only from the first that has one to the last)
+        added = self.rm.domain_load_w(site.rack_active_gpus * excess_gpu / self.eta, only_at=np.flatnonzero(excess_gpu))
         room = np.maximum(limit - base, 0.0)
         short = added > room
         share = np.where(short, room / np.maximum(added, 1e-9), 1.0)  # (1 where not short, under 1 where it is)
@@ -699,8 +700,8 @@ class DimmerController:
             dt, obs.rack_bbu_soc_frac, bound_rack, scale, rack_room, ramp_rise_w, guard_w
         )
         self.prev_guard_w = np.where(np.isfinite(guard_w), guard_w, np.inf)
-        if relief_rack.any():
-            relief = self.rm.domain_load_w(relief_rack)
+        if relief_rack.any():  # (+0.0 on every rack that does not relieve)
+            relief = self.rm.domain_load_w(relief_rack, only_at=np.flatnonzero(relief_rack))
             cut_campus = cut[0]
             cut = np.where(emergency, cut, np.maximum(cut - relief, 0.0))
             cut[0] = cut_campus  # the ramp's cut is on the level, which the BBUs' peak shaving does not move

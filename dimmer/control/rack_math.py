@@ -7,6 +7,8 @@ the same order (so to the last bit: tests/test_rack_math.py holds them to it), f
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 import scipy.sparse as sp
@@ -74,6 +76,14 @@ class RackMath:
         out /= self._eff
         return out
 
+    def rack_power_at_w(self, gpu_draw_w: FloatArray, at: npt.NDArray[np.intp]) -> FloatArray:
+        """`rack_power_w` of the racks `at` only (`gpu_draw_w` theirs, in that order): each rack's own figure."""
+        out: FloatArray = _at(self._active, at) * gpu_draw_w
+        out += _at(self._idle_w, at)
+        out += _at(self._host_w, at)
+        out /= self._eff
+        return out
+
     def gpu_draw_for_rack_w(self, rack_w: FloatArray) -> FloatArray:
         """`site.gpu_draw_for_rack_w` for a `(n_racks,)` vector."""
         out: FloatArray = rack_w * self._eff
@@ -89,13 +99,25 @@ class RackMath:
         np.cumsum(rack_w, out=csum[1:])
         return float(csum[self.site.domain_rack_stop[0]] - csum[self.site.domain_rack_start[0]])
 
-    def domain_load_w(self, rack_w: FloatArray) -> FloatArray:
+    def domain_load_w(self, rack_w: FloatArray, only_at: npt.NDArray[np.intp] | None = None) -> FloatArray:
         """`site.domain_load_w` for a `(n_racks,)` float vector: the same cumulative sum, differenced level by level
-        over strided views rather than gathered."""
+        over strided views rather than gathered. `only_at` (ascending): the racks outside it hold +0.0, so the sum
+        is run only from the first of them to the last (before it every partial sum is +0.0, after it each is the
+        last one plus +0.0: the same bits)."""
         if rack_w.dtype != np.float64 or rack_w.ndim != 1:
             return self.site.domain_load_w(rack_w)
         csum = self._csum
-        np.cumsum(rack_w, out=csum[1:])
+        if only_at is None:
+            np.cumsum(rack_w, out=csum[1:])
+        elif only_at.size == 0:
+            csum[:] = 0.0
+        else:
+            # (from the +0.0 before the first, where there is one: the sum then adds the first to +0.0, as the
+            # whole sum does, rather than starting from it)
+            a, b = max(int(only_at[0]) - 1, 0), int(only_at[-1]) + 1
+            csum[: a + 1] = 0.0
+            np.cumsum(rack_w[a:b], out=csum[a + 1 : b + 1])
+            csum[b + 1 :] = csum[b] + 0.0
         if self._levels is None:
             gathered: FloatArray = csum[self.site.domain_rack_stop] - csum[self.site.domain_rack_start]
             return gathered
@@ -108,6 +130,11 @@ class RackMath:
                 np.subtract(csum[rack0 + span : rack0 + span * k + 1 : span],
                             csum[rack0 : rack0 + span * (k - 1) + 1 : span], out=out[first:stop])  # fmt: skip
         return out
+
+
+def _at(x: npt.NDArray[np.floating[Any]] | float, at: npt.NDArray[np.intp]) -> npt.NDArray[np.floating[Any]] | float:
+    """A per-rack constant at the racks `at` (one for every rack: itself)."""
+    return x[at] if isinstance(x, np.ndarray) and x.ndim else x
 
 
 def nan_to_num(x: FloatArray, nan: float = 0.0) -> FloatArray:

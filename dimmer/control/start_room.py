@@ -52,13 +52,22 @@ def start_ceiling_w(
     stopped = ~job_running
     if not stopped.any() or not down_rack.any():
         return cap_w
-    rack_power_w = site.rack_power_w if rm is None else rm.rack_power_w
-    domain_load_w = site.domain_load_w if rm is None else rm.domain_load_w
-    at_cap_w = rack_power_w(np.where(site.rack_job >= 0, cap_w[np.maximum(site.rack_job, 0)], gpu.rated_w))
-    if return_rack_w is not None:
-        at_cap_w = np.fmin(at_cap_w, return_rack_w)
-    surge_rack_w = np.where(down_rack, np.maximum(at_cap_w - planned_rack_w - bridged_rack_w, 0.0), 0.0)
-    excess_w = np.maximum(domain_load_w(surge_rack_w) - np.maximum(room_w, 0.0), 0.0)
+    if rm is None:
+        at_cap_w = site.rack_power_w(np.where(site.rack_job >= 0, cap_w[np.maximum(site.rack_job, 0)], gpu.rated_w))
+        if return_rack_w is not None:
+            at_cap_w = np.fmin(at_cap_w, return_rack_w)
+        surge_rack_w = np.where(down_rack, np.maximum(at_cap_w - planned_rack_w - bridged_rack_w, 0.0), 0.0)
+        surge_w = site.domain_load_w(surge_rack_w)
+    else:  # (the same figures, worked out for the down racks only: every other rack's surge is +0.0)
+        at = np.flatnonzero(down_rack)
+        job = site.rack_job[at]
+        at_cap_at_w = rm.rack_power_at_w(np.where(job >= 0, cap_w[np.maximum(job, 0)], gpu.rated_w), at)
+        if return_rack_w is not None:
+            at_cap_at_w = np.fmin(at_cap_at_w, return_rack_w[at])
+        surge_rack_w = np.zeros(site.n_racks)
+        surge_rack_w[at] = np.maximum(at_cap_at_w - planned_rack_w[at] - bridged_rack_w[at], 0.0)
+        surge_w = rm.domain_load_w(surge_rack_w, only_at=at)
+    excess_w = np.maximum(surge_w - np.maximum(room_w, 0.0), 0.0)
     if not np.any(excess_w > 0):
         return cap_w
     room_per_gpu = np.where(stopped, np.maximum(cap_w - gpu.min_cap_w, 0.0), 0.0)
