@@ -472,7 +472,7 @@ class DimmerController:
         if n_jobs:
             down = job_rack_now & ~obs.job_running[self.job_rack]
             if down.any():
-                back_w = np.where(down, np.maximum(np.nan_to_num(self.long_env_w) - load_env, 0.0), 0.0)
+                back_w = np.where(down, np.maximum(nan_to_num(self.long_env_w) - load_env, 0.0), 0.0)
                 return_w = float(back_w.sum())
                 return_gpus = float(site.rack_active_gpus[down].sum())
             # (and for four periods after its job runs again: the readings show a return a period late, and the
