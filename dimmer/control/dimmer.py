@@ -324,7 +324,7 @@ class DimmerController:
         The campus is planned net of the battery setpoint against its limit in force.
         """
         site = self.site
-        job_racks = site.rack_job >= 0
+        job_racks = self.job_racks
         excess_gpu = np.where(job_racks, np.maximum(floor_w - base_gpu_w, 0.0), 0.0)
         if not excess_gpu.any():
             return floor_w
@@ -487,7 +487,8 @@ class DimmerController:
                 shield = stopped & self.bbus.can_hold(obs.rack_bbu_soc_frac, bound_rack)
                 # a rack whose job runs again is held where its guard was (not at its rising reading) until the cut
                 # against the unguarded bound makes room: the guard then rises only by the room the battery leaves
-                settle = (obs.job_running & settling)[self.job_rack] & np.isfinite(self.prev_guard_w)
+                back_rack = (obs.job_running & settling)[self.job_rack]  # (its job runs again, a few periods back)
+                settle = back_rack & np.isfinite(self.prev_guard_w)
                 now_w = np.where(settle, np.fmin(now_w, self.prev_guard_w), now_w)
                 shielded_w = np.fmin(np.fmax(now_w, bound_rack - self.bbus.power_w), at_caps)
                 guard_extra_w = np.where(shield, np.maximum(bound_rack - shielded_w, 0.0), 0.0)
@@ -498,7 +499,7 @@ class DimmerController:
                     bridged_w = np.zeros(site.n_racks)
                     bridged_w[at] = np.fmin(self.bbus.affordable_w(p.period_s, at), self.bbus.power_w[at])
                 guard_w = np.where(shield, np.fmax(shielded_w, at_caps - bridged_w), np.inf)
-                back = shield & (obs.job_running & settling)[self.job_rack]
+                back = shield & back_rack
                 returning_w = float(np.sum(np.where(back, guard_extra_w, 0.0)))
                 bound_rack = np.where(shield, shielded_w, bound_rack)
         # the campus also carries what no rack meter sees (the overhead the PCC shows) and the BBUs' recharge
@@ -831,9 +832,10 @@ class DimmerController:
                 if more.any():
                     rise_w = self._domain_rise_w(up)
             if rises or rise_w.any():
-                self.recent_rise_w = np.roll(self.recent_rise_w, 1, axis=0)
+                # (shifted in place: np.roll's rows without a new (n_env, n_domains) array each period)
+                self.recent_rise_w[1:] = self.recent_rise_w[:-1]
                 self.recent_rise_w[0] = rise_w
-                self._rise_rows = np.roll(self._rise_rows, 1)
+                self._rise_rows[1:] = self._rise_rows[:-1]
                 self._rise_rows[0] = bool(rise_w.any())
                 self._rise_rows_of = self.recent_rise_w
             new_cap = new_cap + up
