@@ -307,3 +307,31 @@ def test_rack_sums_worked_out_where_racks_are_set_are_the_whole_ones(name: str) 
             full = np.zeros(n)
             full[at] = g
             assert _bits(rm.rack_power_at_w(g, at)) == _bits(rm.rack_power_w(full)[at])
+
+
+def test_caps_in_force_kept_only_while_neither_moves() -> None:
+    """The racks' caps and their draw at the caps in force, kept from one period to the next, are what a fresh
+    working-out gives after every kind of change: the controller's caps assigned or written in place, the reported
+    caps written in place (the same array) or replaced, NaN and -0.0 among them."""
+    from dimmer.control import make_controller
+
+    site = load_scenario(SCENARIOS / "sites/two-buildings.toml", []).site()
+    ctrl = make_controller("dimmer", site, {})
+    fresh = make_controller("dimmer", site, {})
+    rng = np.random.default_rng(17)
+    reported = np.full(site.n_racks, site.gpu.rated_w)
+    for step in range(40):
+        what = step % 5
+        if what == 1:
+            ctrl.cap_w = site.gpu.min_cap_w + rng.random(site.n_jobs) * 300.0  # type: ignore[attr-defined]
+        elif what == 2:
+            ctrl.cap_w[rng.integers(0, site.n_jobs)] -= 1.0  # type: ignore[attr-defined]
+        elif what == 3:
+            reported[rng.integers(0, site.n_racks, 5)] = rng.choice([np.nan, -0.0, 900.0, 1e9], 5)
+        elif what == 4:
+            reported = np.where(rng.random(site.n_racks) < 0.5, reported, site.gpu.rated_w)
+        fresh.cap_w = ctrl.cap_w.copy()  # type: ignore[attr-defined]
+        fresh._caps_kept = None  # type: ignore[attr-defined]
+        mine = ctrl._caps_in_force(reported)  # type: ignore[attr-defined]
+        theirs = fresh._caps_in_force(reported.copy())  # type: ignore[attr-defined]
+        assert _bits(mine[0]) == _bits(theirs[0]) and _bits(mine[1]) == _bits(theirs[1])

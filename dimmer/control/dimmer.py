@@ -33,13 +33,13 @@ import numpy.typing as npt
 from pydantic import ValidationError
 
 from dimmer.control import register
-from dimmer.control.allocation import JobGpus, grant, job_gpus_per_domain, priority_groups, shed
+from dimmer.control.allocation import JobGpus, grant, job_gpus_per_domain, priority_groups, shed, shed_past_the_draw
 from dimmer.control.campus_battery import bess_room, campus_level, soc_pull_w
 from dimmer.control.dimmer_params import DimmerParams
 from dimmer.control.filters import LowPass, Window, progressive_cut_w
 from dimmer.control.peak_readings import PeakReadings
 from dimmer.control.plausibility import PHRASES, PccCheck
-from dimmer.control.rack_math import RackMath, nan_to_num
+from dimmer.control.rack_math import RackMath, nan_to_num, same_bits
 from dimmer.control.rack_storage import BbuPolicy
 from dimmer.control.ramp_room import RampRoom, ReturnHold
 from dimmer.control.start_room import start_ceiling_w
@@ -112,6 +112,8 @@ class DimmerController:
         self.rack_seen_t_s = np.full(site.n_racks, -np.inf)  # when each rack's last good reading was taken
         self.pace_level_w = np.full(site.n_domains, np.inf)  # a paced domain's planned level last period
         self.prev_rack_cap_w = np.full(site.n_racks, gpu.rated_w)
+        # (_caps_in_force's inputs, as copies, and what it worked out of them: never written to by the step)
+        self._caps_kept: tuple[FloatArray, FloatArray, FloatArray, FloatArray] | None = None
         # state
         self.cap_w = np.full(site.n_jobs, gpu.rated_w)
         self.floor_w = np.zeros(site.n_racks)
@@ -171,6 +173,19 @@ class DimmerController:
         out: FloatArray = np.where(self.job_racks, self.cap_w[self.job_rack], self.site.gpu.rated_w)
         return out
 
+    def _caps_in_force(self, reported_w: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """(each rack's cap as this controller holds it, what each rack draws at the higher of that and the cap its
+        GPUs report enforcing: a rack whose writes are lost, or whose firmware ignores them, draws to the cap it
+        has, not the one it was sent), kept while neither moves to the bit (most periods)."""
+        kept = self._caps_kept
+        if kept is None or not (same_bits(self.cap_w, kept[0]) and same_bits(reported_w, kept[1])):
+            rack_caps = self._rack_caps()
+            enforced_w = np.where(np.isfinite(reported_w), reported_w, self.site.gpu.rated_w)
+            at_caps = self.rm.rack_power_w(np.maximum(rack_caps, enforced_w))
+            kept = (self.cap_w.copy(), np.array(reported_w, dtype=np.float64), rack_caps, at_caps)
+            self._caps_kept = kept
+        return kept[2], kept[3]
+
     def _job_reduce(self, ufunc: np.ufunc, rack_values: FloatArray | BoolArray, out: FloatArray | BoolArray) -> None:
         """out[j] = ufunc(out[j], ufunc over job j's running racks of rack_values), in place (ufunc.at's result)."""
         if self._run_order.size:
@@ -221,43 +236,6 @@ class DimmerController:
         self._job_reduce(np.logical_or, swings, job_swings)
         out: FloatArray = np.where(job_swings, p.hidden_peak_frac, 0.0)
         return out
-
-    def _shed_past_the_draw(
-        self,
-        cut: FloatArray,
-        reduction: FloatArray,
-        unmet: FloatArray,
-        effective: FloatArray,
-        room: FloatArray,
-        hidden_frac: FloatArray,
-        gpu_env_w: FloatArray,
-    ) -> tuple[FloatArray, FloatArray]:
-        """(per-GPU reduction per job, cut left unmet per domain), with what the uniform cut missed shed again.
-
-        One cap per job sheds nothing on a rack drawing under the new cap, yet the allocation counts every GPU of the
-        job as giving the whole cut. Where a job's racks read flat (no peak hidden: the readings are the draw), what
-        each rack gives is known; a domain that asked for more than its racks give is cut again, on the GPUs that
-        give (two passes). A swinging job's readings understate its peaks, so its racks are taken to give the cut
-        as before. (The stateful machine at its long profile: one job whose row held a rack at 1,400 W beside one
-        at 1,138 W took three periods of cuts past its window to reach its rating.)"""
-        site = self.site
-        flat_rack = self.running_rack & (hidden_frac[self.job_rack] <= 0.0)
-        if not (flat_rack.any() and np.any(cut > 0)):
-            return reduction, unmet
-        gpus_rack = site.rack_active_gpus.astype(np.float64) * self.running_rack
-        draw_w = np.minimum(gpu_env_w, effective[self.job_rack])
-        for again in (True, True, False):  # two passes more, then what is still unmet
-            new_cap = (effective - reduction)[self.job_rack]
-            gives = np.where(flat_rack, np.maximum(draw_w - new_cap, 0.0), reduction[self.job_rack])
-            given_w = self.rm.domain_load_w(gpus_rack * gives) / self.eta
-            short_w = np.where(cut > 0, np.maximum(cut - given_w, 0.0), 0.0)
-            unmet = np.where(short_w > 1e-6 * np.maximum(cut, 1.0), short_w, 0.0)  # (not float dust)
-            if not (again and np.any(unmet > 0)):
-                break
-            gpus_giving = job_gpus_per_domain(site, among=np.where(flat_rack, draw_w > new_cap, True))
-            more, _ = shed(unmet, gpus_giving, np.maximum(room - reduction, 0.0), self.groups, self.eta)
-            reduction = reduction + more
-        return reduction, unmet
 
     def _pace_cuts(
         self,
@@ -416,7 +394,7 @@ class DimmerController:
         # Readings lag the caps by a period or two: what the racks can draw under the caps in force now bounds
         # every estimate below, or a cut already made would be made again every period until the readings catch up.
         job_racks = self.job_racks
-        rack_caps = self._rack_caps()  # (the caps in force: this period's are decided below)
+        rack_caps, at_caps = self._caps_in_force(obs.rack_cap_w)  # (this period's are decided below)
         gpu_env = self.rm.gpu_draw_for_rack_w(load_env)
         under_caps = np.where(job_racks, self.rm.rack_power_w(np.minimum(gpu_env, rack_caps)), load_env)
         under_caps_w = self.rm.domain_load_w(under_caps)
@@ -449,10 +427,6 @@ class DimmerController:
         def caps_bind() -> bool:
             return self._caps_bind(np.fmax(gpu_env, self.rm.gpu_draw_for_rack_w(self.peaks.held_w)))
 
-        # (the higher of the cap commanded and the cap the GPUs report enforcing: a rack whose writes are lost, or
-        # whose firmware ignores them, draws to the cap it has, not the one it was sent)
-        enforced_w = np.where(np.isfinite(obs.rack_cap_w), obs.rack_cap_w, gpu.rated_w)
-        at_caps = self.rm.rack_power_w(np.maximum(rack_caps, enforced_w))
         # (never above what the rack can draw under its cap: readings lag a cut, and would have it made again)
         held_peak_w = self.long_env_w * (1.0 + p.hidden_peak_frac)
         hidden = np.fmin(at_caps, np.fmax(held_peak_w, load_env))
@@ -758,7 +732,8 @@ class DimmerController:
             )
             room = np.maximum(effective - gpu.min_cap_w, 0.0)
             reduction, unmet = shed(cut, self.job_gpus, room, self.groups, self.eta)
-            reduction, unmet = self._shed_past_the_draw(cut, reduction, unmet, effective, room, hidden_frac, gpu_env)
+            reduction, unmet = shed_past_the_draw(self.rm, self.running_rack, self.job_rack, self.groups, cut,
+                                                  reduction, unmet, effective, room, hidden_frac, gpu_env)  # fmt: skip
             new_cap = np.where(reduction > 0, effective - reduction, self.cap_w)
             # the interconnect against its bound: the live racks at these caps, after the battery and the BBUs
             cap_change = new_cap - self.cap_w

@@ -132,6 +132,16 @@ class RackMath:
         return out
 
 
+def same_bits(a: FloatArray, b: FloatArray | None) -> bool:
+    """`a` holds exactly the values (to the bit) of the float64 array `b` (False where either is not C-contiguous
+    float64: then not known to)."""
+    if b is None or a.dtype != np.float64 or a.shape != b.shape or not a.flags.c_contiguous:
+        return False
+    if b.dtype != np.float64 or not b.flags.c_contiguous:
+        return False
+    return bool(np.array_equal(a.view(np.int64), b.view(np.int64)))
+
+
 def _at(x: npt.NDArray[np.floating[Any]] | float, at: npt.NDArray[np.intp]) -> npt.NDArray[np.floating[Any]] | float:
     """A per-rack constant at the racks `at` (one for every rack: itself)."""
     return x[at] if isinstance(x, np.ndarray) and x.ndim else x

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from dimmer.control.rack_math import RackMath, nan_to_num
+from dimmer.control.rack_math import RackMath, nan_to_num, same_bits
 from dimmer.site import SiteModel
 from dimmer.wear import DAY_S, SOC_TURN_HYSTERESIS, depth_for_weight, depth_weight
 
@@ -67,7 +67,7 @@ class HalfCycles:
             and left[0] is self.turn
             and left[1] is self.extreme
             and left[2] is self.direction
-            and _same_bits(soc, self._last_soc)
+            and same_bits(soc, self._last_soc)
         ):
             return np.zeros(soc.shape)  # (the shelves' SoC as last period: every run as it was)
         closed = self._update(soc)
@@ -99,13 +99,6 @@ class HalfCycles:
         """Depth (share of the window) of the run under way; 0 where none."""
         out: FloatArray = nan_to_num(np.abs(self.extreme - self.turn) / self.window, nan=0.0)
         return out
-
-
-def _same_bits(a: FloatArray, b: FloatArray | None) -> bool:
-    """`a` holds exactly the values (to the bit) of the float64 array `b`."""
-    if b is None or a.dtype != np.float64 or a.shape != b.shape or not a.flags.c_contiguous:
-        return False
-    return bool(np.array_equal(a.view(np.int64), b.view(np.int64)))
 
 
 class BbuPolicy:
