@@ -258,12 +258,11 @@ def test_ancestor_min_of_a_tree_that_does_not_tile_is_the_reduceat() -> None:
 
 
 def test_bbu_figures_worked_out_where_asked_are_the_whole_fleets() -> None:
-    """BbuPolicy.affordable_w at some racks is the whole fleet's at those racks, to the bit, through the SoC runs a
-    fleet goes through (rising, falling, turning, unknown) and any allowance."""
+    """BbuPolicy.affordable_w, reserve_soc and can_hold at some racks are the whole fleet's at those racks, to the
+    bit, through the SoC runs a fleet goes through (rising, falling, turning, unknown) and any allowance."""
     from dimmer.control.rack_storage import BbuPolicy
 
-    site = load_scenario(SCENARIOS / "sites/bare-racks.toml", []).site()  # (racks without BBUs)
-    for name in ("swing-8k.toml", "sites/two-buildings.toml", "sites/bare-racks.toml"):
+    for name in ("swing-8k.toml", "sites/two-buildings.toml", "sites/bare-racks.toml"):  # (bare: racks without BBUs)
         site = load_scenario(SCENARIOS / name, []).site()
         bbus = BbuPolicy(site, 1.0, 90.0, 600.0)
         rng = np.random.default_rng(9)
@@ -277,6 +276,10 @@ def test_bbu_figures_worked_out_where_asked_are_the_whole_fleets() -> None:
             at = np.flatnonzero(rng.random(site.n_racks) < 0.3)
             for dt in (0.5, 1.0):
                 assert _bits(bbus.affordable_w(dt, at)) == _bits(bbus.affordable_w(dt)[at])
+            bound = rng.random(site.n_racks) * 2e5
+            bound[rng.random(site.n_racks) < 0.03] = np.nan
+            assert _bits(bbus.reserve_soc(bound[at], at)) == _bits(bbus.reserve_soc(bound)[at])
+            assert np.array_equal(bbus.can_hold(soc, bound, at), bbus.can_hold(soc, bound)[at])
 
 
 @pytest.mark.parametrize("name", (*SITES, "prometheus-campus.toml"))

@@ -455,27 +455,33 @@ class DimmerController:
             settling = obs.t_s - self.job_run_since_s < 4.0 * p.period_s
             stopped = job_rack_now & (~obs.job_running | settling)[self.job_rack]
             self.ran_at_w = np.where(job_rack_now & ~stopped, self.long_env_w, self.ran_at_w)
-            if stopped.any():
+            if stopped.any():  # (worked out for the stopped racks only: every figure here is its own rack's)
+                st = np.flatnonzero(stopped)
+                caps_st, bound_st, load_st = at_caps[st], bound_rack[st], load_w[st]
                 # (from this period's reading: the envelope still holds the draw from before the stop for its window)
-                now_w = np.fmin(at_caps, np.where(np.isfinite(load_w), load_w, load_env) * (1.0 + p.hidden_peak_frac))
-                shield = stopped & self.bbus.can_hold(obs.rack_bbu_soc_frac, bound_rack)
+                now_w = np.fmin(
+                    caps_st, np.where(np.isfinite(load_st), load_st, load_env[st]) * (1.0 + p.hidden_peak_frac)
+                )
+                shield = self.bbus.can_hold(obs.rack_bbu_soc_frac, bound_rack, st)
                 # a rack whose job runs again is held where its guard was (not at its rising reading) until the cut
                 # against the unguarded bound makes room: the guard then rises only by the room the battery leaves
-                back_rack = (obs.job_running & settling)[self.job_rack]  # (its job runs again, a few periods back)
-                settle = back_rack & np.isfinite(self.prev_guard_w)
-                now_w = np.where(settle, np.fmin(now_w, self.prev_guard_w), now_w)
-                shielded_w = np.fmin(np.fmax(now_w, bound_rack - self.bbus.power_w), at_caps)
-                guard_extra_w = np.where(shield, np.maximum(bound_rack - shielded_w, 0.0), 0.0)
+                back_rack = (obs.job_running & settling)[self.job_rack[st]]  # (its job runs again, a few periods back)
+                prev_guard_st = self.prev_guard_w[st]
+                settle = back_rack & np.isfinite(prev_guard_st)
+                now_w = np.where(settle, np.fmin(now_w, prev_guard_st), now_w)
+                shielded_w = np.fmin(np.fmax(now_w, bound_st - self.bbus.power_w[st]), caps_st)
+                extra_st = np.where(shield, np.maximum(bound_st - shielded_w, 0.0), 0.0)
+                guard_extra_w[st] = extra_st
                 # the guard holds no lower than the BBU's wear allowance affords if the rack came back at its caps (a
                 # start it bridged on a short run would spend days of cycles); the start ceiling makes room for the rest
-                if shield.any():  # (worked out for the shielded racks only: each rack's figure is its own)
-                    at = np.flatnonzero(shield)
-                    bridged_w = np.zeros(site.n_racks)
+                if shield.any():
+                    at = st[shield]
                     bridged_w[at] = np.fmin(self.bbus.affordable_w(p.period_s, at), self.bbus.power_w[at])
-                guard_w = np.where(shield, np.fmax(shielded_w, at_caps - bridged_w), np.inf)
-                back = shield & back_rack
-                returning_w = float(np.sum(np.where(back, guard_extra_w, 0.0)))
-                bound_rack = np.where(shield, shielded_w, bound_rack)
+                guard_w[st] = np.where(shield, np.fmax(shielded_w, caps_st - bridged_w[st]), np.inf)
+                returning = np.zeros(site.n_racks)  # (the whole vector summed, as before: the same sum)
+                returning[st] = np.where(shield & back_rack, extra_st, 0.0)
+                returning_w = float(np.sum(returning))
+                bound_rack[st] = np.where(shield, shielded_w, bound_st)
         # the campus also carries what no rack meter sees (the overhead the PCC shows) and the BBUs' recharge
         overhead_w = max(float(domain_w[0]) + bess_now_w - racks_sum_w, 0.0)
         campus_bound_w = float(np.sum(bound_rack)) + overhead_w + float(self.bbus.recharge_w.sum())

@@ -101,6 +101,11 @@ class HalfCycles:
         return out
 
 
+def _sel(a: npt.NDArray[Any], at: npt.NDArray[np.intp] | None) -> npt.NDArray[Any]:
+    """A per-rack array at the racks `at` (all of it where None)."""
+    return a if at is None else a[at]
+
+
 class BbuPolicy:
     """The BBU thresholds and recharge allowances of every rack, vectorised over racks."""
 
@@ -132,14 +137,14 @@ class BbuPolicy:
         self.given_w = np.zeros(site.n_racks)  # the relief planned last period: the SoC read now may not show it
         self.rm = RackMath(site) if rm is None else rm  # (its ancestor_min: the least share above each rack)
 
-    def reserve_soc(self, load_w: FloatArray) -> FloatArray:
+    def reserve_soc(self, load_w: FloatArray, at: npt.NDArray[np.intp] | None = None) -> FloatArray:
         """The SoC each shelf keeps: `reserve_s` of its rack's present load as an outage draws it, at least the
-        shaving floor."""
+        shaving floor. `at`: `load_w` is those racks' only, in that order."""
         need = self.reserve_s * np.maximum(load_w, 0.0)
         if self._all_have:
-            need /= self._reserve_j
+            need /= _sel(self._reserve_j, at)
         else:
-            need = np.divide(need, self._reserve_j, out=np.zeros_like(load_w), where=self.has)
+            need = np.divide(need, _sel(self._reserve_j, at), out=np.zeros_like(load_w), where=_sel(self.has, at))
         out: FloatArray = np.minimum(np.maximum(need, self.soc_min), self.soc_max)  # (np.clip's, without its wrapper)
         return out
 
@@ -149,24 +154,23 @@ class BbuPolicy:
         new one first pays for the recharge it interrupts. `at`: those racks only, in that order (each rack's
         figure is its own, worked out alone: the same bits)."""
         c = self.cycles
-
-        def sel(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
-            return a if at is None else a[at]
-
-        direction, has, energy_j = sel(c.direction), sel(self.has), sel(self.energy_j)
-        open_depth = nan_to_num(np.abs(sel(c.extreme) - sel(c.turn)) / c.window, nan=0.0)  # (c.open_depth())
+        direction, has, energy_j = _sel(c.direction, at), _sel(self.has, at), _sel(self.energy_j, at)
+        open_depth = nan_to_num(np.abs(_sel(c.extreme, at) - _sel(c.turn, at)) / c.window, nan=0.0)  # (open_depth)
         falling = direction < 0
         unpaid = np.where(direction > 0, 0.5 * depth_weight(open_depth), 0.0)  # the recharge a new fall turns
-        reach = depth_for_weight(np.maximum(sel(self.allowance) - unpaid, 0.0))
-        unseen = sel(self.given_w) * dt_s / np.where(has, energy_j * self.discharge_eff * c.window, np.inf)
+        reach = depth_for_weight(np.maximum(_sel(self.allowance, at) - unpaid, 0.0))
+        unseen = _sel(self.given_w, at) * dt_s / np.where(has, energy_j * self.discharge_eff * c.window, np.inf)
         depth = np.maximum(reach - np.where(falling, open_depth, 0.0) - unseen, 0.0)
         out: FloatArray = np.where(has, depth * c.window * energy_j * self.discharge_eff / max(dt_s, 1e-3), 0.0)
         return out
 
-    def can_hold(self, soc: FloatArray, bound_w: FloatArray) -> BoolArray:
-        """Where a shelf can take a rack's surge for a period or two: present, SoC known and above its reserve."""
+    def can_hold(self, soc: FloatArray, bound_w: FloatArray, at: npt.NDArray[np.intp] | None = None) -> BoolArray:
+        """Where a shelf can take a rack's surge for a period or two: present, SoC known and above its reserve.
+        `at`: those racks only (`soc` and `bound_w` every rack's), in that order."""
+        if at is not None:
+            soc, bound_w = soc[at], bound_w[at]
         soc_k = nan_to_num(soc, nan=-1.0)
-        out: BoolArray = self.has & (soc_k > self.reserve_soc(nan_to_num(bound_w, nan=0.0)))
+        out: BoolArray = _sel(self.has, at) & (soc_k > self.reserve_soc(nan_to_num(bound_w, nan=0.0), at))
         return out
 
     def relief_scale(self, planned_w: FloatArray, soft_w: FloatArray) -> FloatArray:
