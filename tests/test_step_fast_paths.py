@@ -106,6 +106,23 @@ def test_half_cycles_skip_a_soc_they_have_taken() -> None:
         assert _cycles_state(fast) == _cycles_state(full)
 
 
+@pytest.mark.parametrize("share", [0.001, 0.05, 0.3, 0.6])
+def test_half_cycles_work_through_only_the_shelves_that_moved(share: float) -> None:
+    """Some shelves move, the rest read as last period: working through only those that moved (fewer than half)
+    leaves every run, and closes every weight, as the whole update does: turns, starts, NaN among them."""
+    rng = np.random.default_rng(int(share * 1000))
+    fast, full = HalfCycles(400, 0.9), HalfCycles(400, 0.9)
+    soc = rng.random(400)
+    for _ in range(80):
+        move = rng.random(400) < share
+        soc = np.where(move, np.clip(soc + rng.normal(0.0, 0.02, 400), 0.0, 1.0), soc)
+        soc[move & (rng.random(400) < 0.05)] = np.nan
+        closed_fast = fast.update(soc)
+        closed_full = full._update(soc)
+        assert _bits(closed_fast) == _bits(closed_full)
+        assert _cycles_state(fast) == _cycles_state(full)
+
+
 def test_nan_to_num_is_numpys() -> None:
     x = np.array([np.nan, np.inf, -np.inf, 1.5, -0.0, 0.0])
     for nan in (0.0, -1.0, 0.3):

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from dimmer.control.rack_math import RackMath, nan_to_num, same_bits
+from dimmer.control.rack_math import RackMath, nan_to_num
 from dimmer.site import SiteModel
 from dimmer.wear import DAY_S, SOC_TURN_HYSTERESIS, depth_for_weight, depth_weight
 
@@ -60,19 +60,43 @@ class HalfCycles:
 
     def update(self, soc: FloatArray) -> FloatArray:
         """Take this period's SoC (NaN: unknown, skipped); return each rack's weight closed now (full cycles)."""
-        left = self._left
+        left, last = self._left, self._last_soc
         if (
             left is not None
+            and last is not None
             and self.h > 0
             and left[0] is self.turn
             and left[1] is self.extreme
             and left[2] is self.direction
-            and same_bits(soc, self._last_soc)
+            and soc.dtype == np.float64
+            and soc.shape == last.shape
         ):
-            return np.zeros(soc.shape)  # (the shelves' SoC as last period: every run as it was)
+            # (a shelf whose SoC is as last period's, to the bit, is as it was: each rack's run is its own, so only
+            # the shelves that moved are worked through, where they are fewer than half)
+            moved = np.ascontiguousarray(soc).view(np.int64) != last.view(np.int64)
+            n_moved = int(np.count_nonzero(moved))
+            if n_moved == 0:
+                return np.zeros(soc.shape)  # (the shelves' SoC as last period: every run as it was)
+            if n_moved <= soc.shape[0] // 2:
+                at = np.flatnonzero(moved)
+                closed = np.zeros(soc.shape)
+                closed[at] = self._update_at(soc, at)
+                last[at] = soc[at]  # (our own copy)
+                self._left = (self.turn, self.extreme, self.direction)
+                return closed
         closed = self._update(soc)
         self._last_soc = np.array(soc, dtype=np.float64, order="C")
         self._left = (self.turn, self.extreme, self.direction)
+        return closed
+
+    def _update_at(self, soc: FloatArray, at: npt.NDArray[np.intp]) -> FloatArray:
+        """`_update` of the racks `at` alone (the others' runs as they are); their weights closed now."""
+        whole = (self.turn, self.extreme, self.direction)
+        self.turn, self.extreme, self.direction = whole[0][at], whole[1][at], whole[2][at]
+        closed = self._update(soc[at])
+        turn, extreme, direction = whole[0].copy(), whole[1].copy(), whole[2].copy()
+        turn[at], extreme[at], direction[at] = self.turn, self.extreme, self.direction
+        self.turn, self.extreme, self.direction = turn, extreme, direction
         return closed
 
     def _update(self, soc: FloatArray) -> FloatArray:
