@@ -355,3 +355,46 @@ def test_caps_in_force_kept_only_while_neither_moves() -> None:
         mine = ctrl._caps_in_force(reported)  # type: ignore[attr-defined]
         theirs = fresh._caps_in_force(reported.copy())  # type: ignore[attr-defined]
         assert _bits(mine[0]) == _bits(theirs[0]) and _bits(mine[1]) == _bits(theirs[1])
+
+
+def _find_period_long_way(level) -> int:  # type: ignore[no-untyped-def]
+    """SwingLevel.find_period as it was before it worked out each lag only as the search reached it."""
+    h = level._hist[~np.isnan(level._hist)]
+    d = np.diff(h)
+    n = d.size
+    max_lag = min(level.max_length, n // 2)
+    if max_lag < 2:
+        return 0
+    d = d - d.mean()
+    var = float(d @ d)
+    if var <= n * max(level.tol_abs, 1e-6 * float(np.abs(h).mean())) ** 2:
+        return 0
+    corr = np.array([float(d[:-k] @ d[k:]) * n / (n - k) for k in range(1, max_lag + 2) if k < n]) / var
+    for k in range(2, min(max_lag, corr.size - 1) + 1):
+        c = corr[k - 1]
+        if c >= level.PERIOD_MIN_CORR and c >= corr[k - 2] and c >= corr[k]:
+            return k
+    return 0
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    period=st.integers(1, 20),
+    length=st.integers(2, 8),
+    max_length=st.integers(2, 20),
+    noise=st.sampled_from([0.0, 0.01, 0.3, 3.0]),
+)
+def test_find_period_searching_lazily_is_the_whole_search(
+    seed: int, period: int, length: int, max_length: int, noise: float
+) -> None:
+    """The readings' period, each lag's correlation worked out only as the search reaches it, is what working out
+    every lag first gives, reading after reading (steps, swings of any period, noise, NaN)."""
+    from dimmer.control.filters import SwingLevel
+
+    rng = np.random.default_rng(seed)
+    level = SwingLevel(length, tol_abs=0.05, max_length=max_length)
+    for i in range(80):
+        x = 10.0 + np.sin(2 * np.pi * i / period) + noise * rng.normal() + (5.0 if i > 40 else 0.0)
+        level.update(float(np.nan) if rng.random() < 0.05 else x)
+        assert level.find_period() == _find_period_long_way(level)

@@ -224,11 +224,19 @@ class SwingLevel:
         # (changes no larger than the tolerance, or than float rounding of the readings, are no swing to follow)
         if var <= n * max(self.tol_abs, 1e-6 * float(np.abs(h).mean())) ** 2:
             return 0
-        # (each lag's sum over the pairs it has, scaled to the whole series: an unbiased estimate)
-        corr = np.array([float(d[:-k] @ d[k:]) * n / (n - k) for k in range(1, max_lag + 2) if k < n]) / var
-        for k in range(2, min(max_lag, corr.size - 1) + 1):
-            c = corr[k - 1]
-            if c >= self.PERIOD_MIN_CORR and c >= corr[k - 2] and c >= corr[k]:
+        # (each lag's sum over the pairs it has, scaled to the whole series: an unbiased estimate; worked out as the
+        # search reaches it, lags 1 to max_lag + 1 at most)
+        corr: dict[int, float] = {}
+
+        def at(k: int) -> float:
+            c = corr.get(k)
+            if c is None:
+                c = corr[k] = float(d[:-k] @ d[k:]) * n / (n - k) / var
+            return c
+
+        for k in range(2, min(max_lag, min(max_lag + 1, n - 1) - 1) + 1):
+            c = at(k)
+            if c >= self.PERIOD_MIN_CORR and c >= at(k - 1) and c >= at(k + 1):
                 return k
         return 0
 
