@@ -425,6 +425,8 @@ class DimmerController:
         # (worked out once, where it is asked)
         @functools.cache
         def caps_bind() -> bool:
+            if not np.any(self.cap_w < gpu.rated_w):
+                return False  # (no job capped: none held back, and no envelope to work out)
             return self._caps_bind(np.fmax(gpu_env, self.rm.gpu_draw_for_rack_w(self.peaks.held_w)))
 
         # (never above what the rack can draw under its cap: readings lag a cut, and would have it made again)

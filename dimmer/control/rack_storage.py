@@ -234,8 +234,11 @@ class BbuPolicy:
         asked = scale < 1.0
         if asked.any():
             # the relief under way, closed by the recharge that follows it, is a whole cycle of its depth
-            falling = self.cycles.direction < 0
-            opened = depth_weight(self.cycles.open_depth()) * falling if falling.any() else np.zeros(soc.shape)
+            falling = np.flatnonzero(self.cycles.direction < 0)
+            opened = np.zeros(soc.shape)  # (a rack's own figure: worked out where its shelf falls, 0 elsewhere)
+            if falling.size:
+                c = self.cycles
+                opened[falling] = depth_weight(nan_to_num(np.abs(c.extreme[falling] - c.turn[falling]) / c.window))
             can_give = known & (soc_k > reserve) & (self.allowance - opened > 0)
             # (not a guarded rack: its job is stopped or not yet started, and may come back within the period to
             # far over the bound its idle readings give; a relief threshold there took the surge of a start, 0.44 %
