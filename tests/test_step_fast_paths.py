@@ -398,3 +398,20 @@ def test_find_period_searching_lazily_is_the_whole_search(
         x = 10.0 + np.sin(2 * np.pi * i / period) + noise * rng.normal() + (5.0 if i > 40 else 0.0)
         level.update(float(np.nan) if rng.random() < 0.05 else x)
         assert level.find_period() == _find_period_long_way(level)
+
+
+def test_clip_float_is_numpys() -> None:
+    """clip_float is float(np.clip(x, lo, hi)) to the bit over NaN, infinities, signed zeros and crossed bounds."""
+    from dimmer.control.rack_math import clip_float
+
+    special = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 0.5, 2.0, 1e-300, -1e300]
+    rng = np.random.default_rng(3)
+    values = special + list(rng.normal(0.0, 2.0, 12))
+    for x in values:
+        for lo in values:
+            for hi in values:
+                mine = clip_float(x, lo, hi)
+                with np.errstate(invalid="ignore"):
+                    theirs = float(np.clip(x, lo, hi))
+                assert type(mine) is float
+                assert _bits(np.array(mine)) == _bits(np.array(theirs)), (x, lo, hi, mine, theirs)

@@ -39,7 +39,7 @@ from dimmer.control.dimmer_params import DimmerParams
 from dimmer.control.filters import LowPass, Window, progressive_cut_w
 from dimmer.control.peak_readings import PeakReadings
 from dimmer.control.plausibility import PHRASES, PccCheck
-from dimmer.control.rack_math import RackMath, nan_to_num, same_bits
+from dimmer.control.rack_math import RackMath, clip_float, nan_to_num, same_bits
 from dimmer.control.rack_storage import BbuPolicy
 from dimmer.control.ramp_room import RampRoom, ReturnHold
 from dimmer.control.start_room import start_ceiling_w
@@ -86,6 +86,9 @@ class DimmerController:
         self._rise_rows: BoolArray = np.zeros(n_env, dtype=bool)
         self._rise_rows_of = self.recent_rise_w
         self.rise_unseen_frac = 1.0 - np.arange(n_env) / n_env
+        self._unseen_frac: dict[
+            tuple[int, int], FloatArray
+        ] = {}  # the level's share unseen of each rise, by its reading count
         # ... and over the newest half of the window (a domain's level against its rating, below)
         self.n_recent = max(1, n_env // 2)
         self.rise_unseen_recent_frac = np.maximum(1.0 - np.arange(n_env) / self.n_recent, 0.0)
@@ -525,7 +528,10 @@ class DimmerController:
         # ramp the utility allows.
         n_seen = max(self.bus_level.count, 1)
         lag = self.recent_rise_w[:, 0]
-        unseen_frac = np.clip(1.0 - (np.arange(lag.shape[0]) + 1.0) / n_seen, 0.0, 1.0)
+        unseen_frac = self._unseen_frac.get((n_seen, lag.shape[0]))  # (a few counts, each worked out once)
+        if unseen_frac is None:
+            unseen_frac = np.clip(1.0 - (np.arange(lag.shape[0]) + 1.0) / n_seen, 0.0, 1.0)
+            self._unseen_frac[n_seen, lag.shape[0]] = unseen_frac
         bus_caps_w = bus_w + float(unseen_frac @ lag)
         forecast = float(self.forecast.update(np.array([bus_w]), dt)[0])
         if self.bus_level.warming:
@@ -589,7 +595,7 @@ class DimmerController:
         gap = bus_w - target  # > 0: the battery must give; < 0: it must take
         # charging only under what the racks may draw (their caps, not the readings that hide the peaks)
         charge_w = min(charge_w, max(grid_cap - cut_bound_w, 0.0))
-        bess_w = float(np.clip(gap, -charge_w, discharge_w))
+        bess_w = clip_float(gap, -charge_w, discharge_w)
         # The battery first keeps the import inside the rule's room: it gives what a level above it would bring (as far
         # as its plan allows; the caps take the rest) and takes what a fall below it would (the floors the rest).
         # (A level from the readings and the 6 s mean: the higher where a fall is judged, so an iteration's trough

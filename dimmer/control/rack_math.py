@@ -142,6 +142,14 @@ def same_bits(a: FloatArray, b: FloatArray | None) -> bool:
     return bool(np.array_equal(a.view(np.int64), b.view(np.int64)))
 
 
+def clip_float(x: float, lo: float, hi: float) -> float:
+    """`float(np.clip(x, lo, hi))` for three floats, without its wrappers (tens of microseconds a call): the larger
+    of x and lo, then the smaller of that and hi, each keeping the first of two equals (0.0 against -0.0) and a NaN
+    from either side, as numpy's clip does."""
+    m = x if x != x else (lo if (lo != lo or x < lo) else x)
+    return float(m if m != m else (hi if (hi != hi or hi < m) else m))
+
+
 def _at(x: npt.NDArray[np.floating[Any]] | float, at: npt.NDArray[np.intp]) -> npt.NDArray[np.floating[Any]] | float:
     """A per-rack constant at the racks `at` (one for every rack: itself)."""
     return x[at] if isinstance(x, np.ndarray) and x.ndim else x
