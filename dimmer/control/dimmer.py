@@ -86,9 +86,8 @@ class DimmerController:
         self._rise_rows: BoolArray = np.zeros(n_env, dtype=bool)
         self._rise_rows_of = self.recent_rise_w
         self.rise_unseen_frac = 1.0 - np.arange(n_env) / n_env
-        self._unseen_frac: dict[
-            tuple[int, int], FloatArray
-        ] = {}  # the level's share unseen of each rise, by its reading count
+        # the level's share unseen of each rise, by its reading count (and the window's length)
+        self._unseen_frac: dict[tuple[int, int], FloatArray] = {}
         # ... and over the newest half of the window (a domain's level against its rating, below)
         self.n_recent = max(1, n_env // 2)
         self.rise_unseen_recent_frac = np.maximum(1.0 - np.arange(n_env) / self.n_recent, 0.0)
