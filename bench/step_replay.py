@@ -3,6 +3,7 @@
     python3 bench/step_replay.py record scenarios/prometheus-campus.toml obs.pkl --set duration_s=300
     python3 bench/step_replay.py time obs.pkl [--repeat 5]      # step p50 / p99 / min over the replay
     python3 bench/step_replay.py digest scenarios/swing-8k.toml --set duration_s=300   # one line a run
+    python3 bench/step_replay.py record campus:1000000 obs.pkl     # bench/sim_speed.py's generated 1M campus
 
 A controller fed the observations its own closed loop produced decides what it decided there, so the replay is
 the run's control work without the plant's. `record` keeps every observation and a digest of every decision;
@@ -71,11 +72,23 @@ class Recorder:
         return act
 
 
-def closed_loop(scenario: str, sets: list[str], controller: str, keep: bool) -> tuple[Recorder, Any]:
-    from gridsim.engine import Simulation
+def _load(scenario: str, sets: list[str]) -> Any:
+    """A scenario file, or `campus:GPUS`: bench/common.py's generated campus of about that many GPUs (one job a
+    building, three priorities; duration from `--set duration_s=...`, default 120 s)."""
     from gridsim.scenario import load_scenario
 
-    loaded = load_scenario(scenario, sets)
+    if scenario.startswith("campus:"):
+        from common import campus
+
+        duration = next((float(x.split("=", 1)[1]) for x in sets if x.startswith("duration_s=")), 120.0)
+        return campus(int(scenario.split(":", 1)[1]), duration, "dimmer")
+    return load_scenario(scenario, sets)
+
+
+def closed_loop(scenario: str, sets: list[str], controller: str, keep: bool) -> tuple[Recorder, Any]:
+    from gridsim.engine import Simulation
+
+    loaded = _load(scenario, sets)
     site = loaded.site()
     sc = loaded.scenario
     name = controller or sc.controller.name
@@ -122,11 +135,10 @@ def main() -> None:
 
 
 def replay(path: str, repeat: int, profile: str, dump: str = "") -> None:
-    from gridsim.scenario import load_scenario
 
     with open(path, "rb") as f:
         rec = pickle.load(f)
-    loaded = load_scenario(rec["scenario"], rec["sets"])
+    loaded = _load(rec["scenario"], rec["sets"])
     site = loaded.site()
     sc = loaded.scenario
     name = rec["controller"]
