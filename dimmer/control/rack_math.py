@@ -2,7 +2,9 @@
 
 `SiteModel.rack_power_w`, `gpu_draw_for_rack_w` and `domain_load_w` rebuild their per-rack constants on every call;
 at 14,080 racks each rebuild is a few full-length passes. These give the same numbers, operation for operation and in
-the same order (so to the last bit: tests/test_rack_math.py holds them to it), from constants kept here.
+the same order (so to the last bit: tests/test_step_fast_paths.py holds them to it), from constants kept here; so do
+the shortcuts beside them (a rack's figure worked out at some racks only, a sum over the racks that are set, the least
+share above each rack a level at a time) and numpy's results without their wrappers (nan_to_num, clip_float).
 """
 
 from __future__ import annotations
