@@ -3,7 +3,7 @@ time `dimmer`'s `Controller.step` takes against site size.
 
     python3 bench/sim_speed.py              # all figures (about 2 minutes on 2 cores)
     python3 bench/sim_speed.py --quick      # shorter runs, same figures, noisier
-    python3 bench/sim_speed.py --step       # only Controller.step against size (about 30 s)
+    python3 bench/sim_speed.py --step       # only Controller.step: against size, and on the 1M campus's replay (1 min)
     python3 bench/sim_speed.py --issue      # only issue 13's runs: swing-8k (none), prometheus-campus (none, dimmer)
 
 Prints figures; never passes or fails. Peak memory is measured in a child process per run (ru_maxrss). On a shared
@@ -97,10 +97,10 @@ def main() -> None:
         return
     scale = 0.1 if args.quick else 1.0
     print(f"machine: {machine()}")
-    issue_figures(scale)
-    if args.issue:
-        return
     if not args.step:
+        issue_figures(scale)
+        if args.issue:
+            return
         plant_figures(scale)
     print("dimmer's Controller.step against size, and the plant with it (120 s simulated each; target 1 ms p50 at 1M):")
     print(f"  {'GPUs':>10} {'racks':>7} {'step p50 ms':>12} {'step p99 ms':>12} {'x real time':>12}")
@@ -110,6 +110,30 @@ def main() -> None:
             f"  {r['gpus']:>10,} {r['racks']:>7,} {r['step_ms_p50']:>12.2f} {r['step_ms_p99']:>12.2f} "
             f"{r['x_realtime']:>12.0f}"
         )
+    replay_figures()
+
+
+def replay_figures() -> None:
+    """Controller.step alone on the library's 1M-GPU campus: bench/step_replay.py records a closed-loop run (its
+    start, crash and restart) and steps a fresh controller through its observations, every decision checked."""
+    import tempfile
+
+    here = Path(__file__).resolve().parent
+    print("dimmer's Controller.step on a replay of prometheus-campus.toml (300 s: a start at 180 s, a crash at 240 s):")
+    with tempfile.TemporaryDirectory() as tmp:
+        rec = str(Path(tmp) / "obs.pkl")
+        scenario = str(here.parent / "scenarios" / "prometheus-campus.toml")
+        record = [sys.executable, str(here / "step_replay.py"), "record", scenario, rec, "--set", "duration_s=300"]
+        subprocess.run(record, check=True, capture_output=True)
+        out = subprocess.run(
+            [sys.executable, str(here / "step_replay.py"), "time", rec, "--repeat", "3"],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+    for line in out.stdout.splitlines():
+        if not line.startswith("machine"):
+            print(f"  {line}")
 
 
 def issue_figures(scale: float) -> None:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from dimmer.control.filters import SwingLevel
+from dimmer.control.rack_math import clip_float
 from dimmer.site import BessRatings
 
 
@@ -18,7 +17,7 @@ def bess_room(b: BessRatings, soc: float, online: bool, reserve_frac: float) -> 
         return 0.0, 0.0, 0.0
     discharge = b.power_w if soc > b.soc_min_frac + 1e-3 else 0.0
     charge = b.power_w if soc < b.soc_max_frac - 1e-3 else 0.0
-    taper = float(np.clip((soc - b.soc_min_frac) / max(reserve_frac, 1e-6), 0.0, 1.0))
+    taper = clip_float((soc - b.soc_min_frac) / max(reserve_frac, 1e-6), 0.0, 1.0)
     return discharge, discharge * taper, charge
 
 
@@ -41,7 +40,7 @@ def soc_pull_w(
     usable = (b.soc_max_frac - b.soc_min_frac) * b.energy_j
     pull = (target_frac - soc) * usable / recovery_s
     pull_max = min(b.power_w, (1.0 - ramp_margin_frac) * ramp_limit_w_per_min * ramp_window_s / 60)
-    return float(np.clip(pull, -pull_max, pull_max))
+    return clip_float(pull, -pull_max, pull_max)
 
 
 def campus_level(period_s: float, level_s: float, ramp_window_s: float, tol_abs_w: float) -> SwingLevel:

@@ -30,18 +30,17 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import scipy.sparse as sp
 from pydantic import ValidationError
 
 from dimmer.control import register
-from dimmer.control.allocation import grant, job_gpus_per_domain, priority_groups, shed
+from dimmer.control.allocation import JobGpus, grant, job_gpus_per_domain, priority_groups, shed, shed_past_the_draw
 from dimmer.control.campus_battery import bess_room, campus_level, soc_pull_w
 from dimmer.control.dimmer_params import DimmerParams
 from dimmer.control.ffr import FastFrequencyResponse
 from dimmer.control.filters import LowPass, Window, progressive_cut_w
 from dimmer.control.peak_readings import PeakReadings
 from dimmer.control.plausibility import PHRASES, PccCheck
-from dimmer.control.rack_math import RackMath, nan_to_num
+from dimmer.control.rack_math import RackMath, clip_float, nan_to_num, same_bits
 from dimmer.control.rack_storage import BbuPolicy
 from dimmer.control.ramp_room import RampRoom, ReturnHold
 from dimmer.control.ride_through import RideThrough
@@ -67,6 +66,7 @@ class DimmerController:
         self.rm = RackMath(site)  # the site's rack arithmetic, its constants worked out once
         self.job_racks = site.rack_job >= 0
         self.gpus = job_gpus_per_domain(site)  # (n_domains, n_jobs)
+        self.job_gpus = JobGpus(self.gpus)  # (the same, with what the allocation reads of it kept)
         self.groups = priority_groups(site.job_priority)
         self.running_rack = (site.rack_job >= 0) & ~site.rack_is_spare
         self.job_rack = np.where(site.rack_job >= 0, site.rack_job, 0)
@@ -88,6 +88,8 @@ class DimmerController:
         self._rise_rows: BoolArray = np.zeros(n_env, dtype=bool)
         self._rise_rows_of = self.recent_rise_w
         self.rise_unseen_frac = 1.0 - np.arange(n_env) / n_env
+        # the level's share unseen of each rise, by its reading count (and the window's length)
+        self._unseen_frac: dict[tuple[int, int], FloatArray] = {}
         # ... and over the newest half of the window (a domain's level against its rating, below)
         self.n_recent = max(1, n_env // 2)
         self.rise_unseen_recent_frac = np.maximum(1.0 - np.arange(n_env) / self.n_recent, 0.0)
@@ -96,7 +98,7 @@ class DimmerController:
             params.period_s, params.bess_level_s, site.ramp_window_s, params.fill_deadband_frac * site.pcc_limit_w
         )
         self.bbus = BbuPolicy(site, params.bbu_cycle_budget_per_day, params.bbu_reserve_s,
-                              params.bbu_recharge_full_tau_s)  # fmt: skip
+                              params.bbu_recharge_full_tau_s, self.rm)  # fmt: skip
         self.job_run_since_s = np.full(site.n_jobs, -math.inf)  # when each job last began running (inf: not now)
         self.long_env_w = np.full(site.n_racks, np.nan)  # each rack's peak reading, held over return_hold_s
         self.ran_at_w = np.full(site.n_racks, np.nan)  # that hold when the rack's job last ran (NaN: not seen)
@@ -114,6 +116,8 @@ class DimmerController:
         self.rack_seen_t_s = np.full(site.n_racks, -np.inf)  # when each rack's last good reading was taken
         self.pace_level_w = np.full(site.n_domains, np.inf)  # a paced domain's planned level last period
         self.prev_rack_cap_w = np.full(site.n_racks, gpu.rated_w)
+        # (_caps_in_force's inputs, as copies, and what it worked out of them: never written to by the step)
+        self._caps_kept: tuple[FloatArray, FloatArray, FloatArray, FloatArray] | None = None
         # state
         self.cap_w = np.full(site.n_jobs, gpu.rated_w)
         self.floor_w = np.zeros(site.n_racks)
@@ -144,8 +148,7 @@ class DimmerController:
         self.ffr = FastFrequencyResponse.for_site(site, params, self.rack_max_w)  # None: no frequency response
         self.ride = RideThrough.for_site(site, params)  # voltage ride-through (ride_through.py); None: off
         # rack -> the domains above it (CSR rows), for the floors' bound
-        self._rack_domains = sp.csr_array(site.incidence.T)
-        self._rack_domains.sort_indices()
+        self._rack_domains = self.rm.rack_domains
 
     # -- helpers ---------------------------------------------------------------------------------------------------
 
@@ -175,6 +178,19 @@ class DimmerController:
             return np.full(self.site.n_racks, self.site.gpu.rated_w)
         out: FloatArray = np.where(self.job_racks, self.cap_w[self.job_rack], self.site.gpu.rated_w)
         return out
+
+    def _caps_in_force(self, reported_w: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """(each rack's cap as this controller holds it, what each rack draws at the higher of that and the cap its
+        GPUs report enforcing: a rack whose writes are lost, or whose firmware ignores them, draws to the cap it
+        has, not the one it was sent), kept while neither moves to the bit (most periods)."""
+        kept = self._caps_kept
+        if kept is None or not (same_bits(self.cap_w, kept[0]) and same_bits(reported_w, kept[1])):
+            rack_caps = self._rack_caps()
+            enforced_w = np.where(np.isfinite(reported_w), reported_w, self.site.gpu.rated_w)
+            at_caps = self.rm.rack_power_w(np.maximum(rack_caps, enforced_w))
+            kept = (self.cap_w.copy(), np.array(reported_w, dtype=np.float64), rack_caps, at_caps)
+            self._caps_kept = kept
+        return kept[2], kept[3]
 
     def _job_reduce(self, ufunc: np.ufunc, rack_values: FloatArray | BoolArray, out: FloatArray | BoolArray) -> None:
         """out[j] = ufunc(out[j], ufunc over job j's running racks of rack_values), in place (ufunc.at's result)."""
@@ -226,43 +242,6 @@ class DimmerController:
         self._job_reduce(np.logical_or, swings, job_swings)
         out: FloatArray = np.where(job_swings, p.hidden_peak_frac, 0.0)
         return out
-
-    def _shed_past_the_draw(
-        self,
-        cut: FloatArray,
-        reduction: FloatArray,
-        unmet: FloatArray,
-        effective: FloatArray,
-        room: FloatArray,
-        hidden_frac: FloatArray,
-        gpu_env_w: FloatArray,
-    ) -> tuple[FloatArray, FloatArray]:
-        """(per-GPU reduction per job, cut left unmet per domain), with what the uniform cut missed shed again.
-
-        One cap per job sheds nothing on a rack drawing under the new cap, yet the allocation counts every GPU of the
-        job as giving the whole cut. Where a job's racks read flat (no peak hidden: the readings are the draw), what
-        each rack gives is known; a domain that asked for more than its racks give is cut again, on the GPUs that
-        give (two passes). A swinging job's readings understate its peaks, so its racks are taken to give the cut
-        as before. (The stateful machine at its long profile: one job whose row held a rack at 1,400 W beside one
-        at 1,138 W took three periods of cuts past its window to reach its rating.)"""
-        site = self.site
-        flat_rack = self.running_rack & (hidden_frac[self.job_rack] <= 0.0)
-        if not (flat_rack.any() and np.any(cut > 0)):
-            return reduction, unmet
-        gpus_rack = site.rack_active_gpus.astype(np.float64) * self.running_rack
-        draw_w = np.minimum(gpu_env_w, effective[self.job_rack])
-        for again in (True, True, False):  # two passes more, then what is still unmet
-            new_cap = (effective - reduction)[self.job_rack]
-            gives = np.where(flat_rack, np.maximum(draw_w - new_cap, 0.0), reduction[self.job_rack])
-            given_w = self.rm.domain_load_w(gpus_rack * gives) / self.eta
-            short_w = np.where(cut > 0, np.maximum(cut - given_w, 0.0), 0.0)
-            unmet = np.where(short_w > 1e-6 * np.maximum(cut, 1.0), short_w, 0.0)  # (not float dust)
-            if not (again and np.any(unmet > 0)):
-                break
-            gpus_giving = job_gpus_per_domain(site, among=np.where(flat_rack, draw_w > new_cap, True))
-            more, _ = shed(unmet, gpus_giving, np.maximum(room - reduction, 0.0), self.groups, self.eta)
-            reduction = reduction + more
-        return reduction, unmet
 
     def _pace_cuts(
         self,
@@ -329,18 +308,20 @@ class DimmerController:
         The campus is planned net of the battery setpoint against its limit in force.
         """
         site = self.site
-        job_racks = site.rack_job >= 0
+        job_racks = self.job_racks
         excess_gpu = np.where(job_racks, np.maximum(floor_w - base_gpu_w, 0.0), 0.0)
         if not excess_gpu.any():
             return floor_w
         base_rack = np.where(job_racks, self.rm.rack_power_w(base_gpu_w), load_env)
         base = self.rm.domain_load_w(base_rack)
         base[0] -= bess_w
-        added = self.rm.domain_load_w(site.rack_active_gpus * excess_gpu / self.eta)
+        # (+0.0 on every rack without an excess: summed only from the first that has one to the last)
+        added = self.rm.domain_load_w(site.rack_active_gpus * excess_gpu / self.eta, only_at=np.flatnonzero(excess_gpu))
         room = np.maximum(limit - base, 0.0)
-        share = np.where(added > room, room / np.maximum(added, 1e-9), 1.0)
+        short = added > room
+        share = np.where(short, room / np.maximum(added, 1e-9), 1.0)  # (1 where not short, under 1 where it is)
         # the smallest share among the domains above each rack (every rack is under the campus: no empty segment)
-        rack_share = np.minimum.reduceat(share[self._rack_domains.indices], self._rack_domains.indptr[:-1])
+        rack_share = self.rm.ancestor_min(share, short)
         out: FloatArray = np.where(excess_gpu > 0, base_gpu_w + rack_share * excess_gpu, floor_w)
         return out
 
@@ -419,7 +400,7 @@ class DimmerController:
         # Readings lag the caps by a period or two: what the racks can draw under the caps in force now bounds
         # every estimate below, or a cut already made would be made again every period until the readings catch up.
         job_racks = self.job_racks
-        rack_caps = self._rack_caps()  # (the caps in force: this period's are decided below)
+        rack_caps, at_caps = self._caps_in_force(obs.rack_cap_w)  # (this period's are decided below)
         gpu_env = self.rm.gpu_draw_for_rack_w(load_env)
         under_caps = np.where(job_racks, self.rm.rack_power_w(np.minimum(gpu_env, rack_caps)), load_env)
         under_caps_w = self.rm.domain_load_w(under_caps)
@@ -450,12 +431,10 @@ class DimmerController:
         # (worked out once, where it is asked)
         @functools.cache
         def caps_bind() -> bool:
+            if not np.any(self.cap_w < gpu.rated_w):
+                return False  # (no job capped: none held back, and no envelope to work out)
             return self._caps_bind(np.fmax(gpu_env, self.rm.gpu_draw_for_rack_w(self.peaks.held_w)))
 
-        # (the higher of the cap commanded and the cap the GPUs report enforcing: a rack whose writes are lost, or
-        # whose firmware ignores them, draws to the cap it has, not the one it was sent)
-        enforced_w = np.where(np.isfinite(obs.rack_cap_w), obs.rack_cap_w, gpu.rated_w)
-        at_caps = self.rm.rack_power_w(np.maximum(rack_caps, enforced_w))
         # (never above what the rack can draw under its cap: readings lag a cut, and would have it made again)
         held_peak_w = self.long_env_w * (1.0 + p.hidden_peak_frac)
         hidden = np.fmin(at_caps, np.fmax(held_peak_w, load_env))
@@ -475,7 +454,7 @@ class DimmerController:
         if n_jobs:
             down = job_rack_now & ~obs.job_running[self.job_rack]
             if down.any():
-                back_w = np.where(down, np.maximum(np.nan_to_num(self.long_env_w) - load_env, 0.0), 0.0)
+                back_w = np.where(down, np.maximum(nan_to_num(self.long_env_w) - load_env, 0.0), 0.0)
                 return_w = float(back_w.sum())
                 return_gpus = float(site.rack_active_gpus[down].sum())
             # (and for four periods after its job runs again: the readings show a return a period late, and the
@@ -484,24 +463,33 @@ class DimmerController:
             settling = obs.t_s - self.job_run_since_s < 4.0 * p.period_s
             stopped = job_rack_now & (~obs.job_running | settling)[self.job_rack]
             self.ran_at_w = np.where(job_rack_now & ~stopped, self.long_env_w, self.ran_at_w)
-            if stopped.any():
+            if stopped.any():  # (worked out for the stopped racks only: every figure here is its own rack's)
+                st = np.flatnonzero(stopped)
+                caps_st, bound_st, load_st = at_caps[st], bound_rack[st], load_w[st]
                 # (from this period's reading: the envelope still holds the draw from before the stop for its window)
-                now_w = np.fmin(at_caps, np.where(np.isfinite(load_w), load_w, load_env) * (1.0 + p.hidden_peak_frac))
-                shield = stopped & self.bbus.can_hold(obs.rack_bbu_soc_frac, bound_rack)
+                now_w = np.fmin(
+                    caps_st, np.where(np.isfinite(load_st), load_st, load_env[st]) * (1.0 + p.hidden_peak_frac)
+                )
+                shield = self.bbus.can_hold(obs.rack_bbu_soc_frac, bound_rack, st)
                 # a rack whose job runs again is held where its guard was (not at its rising reading) until the cut
                 # against the unguarded bound makes room: the guard then rises only by the room the battery leaves
-                settle = (obs.job_running & settling)[self.job_rack] & np.isfinite(self.prev_guard_w)
-                now_w = np.where(settle, np.fmin(now_w, self.prev_guard_w), now_w)
-                shielded_w = np.fmin(np.fmax(now_w, bound_rack - self.bbus.power_w), at_caps)
-                guard_extra_w = np.where(shield, np.maximum(bound_rack - shielded_w, 0.0), 0.0)
+                back_rack = (obs.job_running & settling)[self.job_rack[st]]  # (its job runs again, a few periods back)
+                prev_guard_st = self.prev_guard_w[st]
+                settle = back_rack & np.isfinite(prev_guard_st)
+                now_w = np.where(settle, np.fmin(now_w, prev_guard_st), now_w)
+                shielded_w = np.fmin(np.fmax(now_w, bound_st - self.bbus.power_w[st]), caps_st)
+                extra_st = np.where(shield, np.maximum(bound_st - shielded_w, 0.0), 0.0)
+                guard_extra_w[st] = extra_st
                 # the guard holds no lower than the BBU's wear allowance affords if the rack came back at its caps (a
                 # start it bridged on a short run would spend days of cycles); the start ceiling makes room for the rest
                 if shield.any():
-                    bridged_w = np.where(shield, np.fmin(self.bbus.affordable_w(p.period_s), self.bbus.power_w), 0.0)
-                guard_w = np.where(shield, np.fmax(shielded_w, at_caps - bridged_w), np.inf)
-                back = shield & (obs.job_running & settling)[self.job_rack]
-                returning_w = float(np.sum(np.where(back, guard_extra_w, 0.0)))
-                bound_rack = np.where(shield, shielded_w, bound_rack)
+                    at = st[shield]
+                    bridged_w[at] = np.fmin(self.bbus.affordable_w(p.period_s, at), self.bbus.power_w[at])
+                guard_w[st] = np.where(shield, np.fmax(shielded_w, caps_st - bridged_w[st]), np.inf)
+                returning = np.zeros(site.n_racks)  # (the whole vector summed, as before: the same sum)
+                returning[st] = np.where(shield & back_rack, extra_st, 0.0)
+                returning_w = float(np.sum(returning))
+                bound_rack[st] = np.where(shield, shielded_w, bound_st)
         # the campus also carries what no rack meter sees (the overhead the PCC shows) and the BBUs' recharge
         overhead_w = max(float(domain_w[0]) + bess_now_w - racks_sum_w, 0.0)
         campus_bound_w = float(np.sum(bound_rack)) + overhead_w + float(self.bbus.recharge_w.sum())
@@ -543,7 +531,10 @@ class DimmerController:
         # ramp the utility allows.
         n_seen = max(self.bus_level.count, 1)
         lag = self.recent_rise_w[:, 0]
-        unseen_frac = np.clip(1.0 - (np.arange(lag.shape[0]) + 1.0) / n_seen, 0.0, 1.0)
+        unseen_frac = self._unseen_frac.get((n_seen, lag.shape[0]))  # (a few counts, each worked out once)
+        if unseen_frac is None:
+            unseen_frac = np.clip(1.0 - (np.arange(lag.shape[0]) + 1.0) / n_seen, 0.0, 1.0)
+            self._unseen_frac[n_seen, lag.shape[0]] = unseen_frac
         bus_caps_w = bus_w + float(unseen_frac @ lag)
         forecast = float(self.forecast.update(np.array([bus_w]), dt)[0])
         if self.bus_level.warming:
@@ -608,7 +599,7 @@ class DimmerController:
         gap = bus_w - target  # > 0: the battery must give; < 0: it must take
         # charging only under what the racks may draw (their caps, not the readings that hide the peaks)
         charge_w = min(charge_w, max(grid_cap - cut_bound_w, 0.0))
-        bess_w = float(np.clip(gap, -charge_w, discharge_w))
+        bess_w = clip_float(gap, -charge_w, discharge_w)
         # The battery first keeps the import inside the rule's room: it gives what a level above it would bring (as far
         # as its plan allows; the caps take the rest) and takes what a fall below it would (the floors the rest).
         # (A level from the readings and the 6 s mean: the higher where a fall is judged, so an iteration's trough
@@ -710,8 +701,8 @@ class DimmerController:
             dt, obs.rack_bbu_soc_frac, bound_rack, scale, rack_room, ramp_rise_w, guard_w
         )
         self.prev_guard_w = np.where(np.isfinite(guard_w), guard_w, np.inf)
-        if relief_rack.any():
-            relief = self.rm.domain_load_w(relief_rack)
+        if relief_rack.any():  # (+0.0 on every rack that does not relieve)
+            relief = self.rm.domain_load_w(relief_rack, only_at=np.flatnonzero(relief_rack))
             cut_campus = cut[0]
             cut = np.where(emergency, cut, np.maximum(cut - relief, 0.0))
             cut[0] = cut_campus  # the ramp's cut is on the level, which the BBUs' peak shaving does not move
@@ -766,8 +757,9 @@ class DimmerController:
                 self.cap_w < gpu.rated_w, np.minimum(self.cap_w, job_peak_bound), np.minimum(gpu.rated_w, job_peak)
             )
             room = np.maximum(effective - gpu.min_cap_w, 0.0)
-            reduction, unmet = shed(cut, self.gpus, room, self.groups, self.eta)
-            reduction, unmet = self._shed_past_the_draw(cut, reduction, unmet, effective, room, hidden_frac, gpu_env)
+            reduction, unmet = shed(cut, self.job_gpus, room, self.groups, self.eta)
+            reduction, unmet = shed_past_the_draw(self.rm, self.running_rack, self.job_rack, self.groups, cut,
+                                                  reduction, unmet, effective, room, hidden_frac, gpu_env)  # fmt: skip
             new_cap = np.where(reduction > 0, effective - reduction, self.cap_w)
             # the interconnect against its bound: the live racks at these caps, after the battery and the BBUs
             cap_change = new_cap - self.cap_w
@@ -815,7 +807,7 @@ class DimmerController:
             back_up = obs.job_running & np.isfinite(self.ceiled_from_w)
             rise = np.where(back_up, np.fmax(rise, nan_to_num(self.ceiled_from_w - new_cap)), rise)
             want = np.maximum(np.where((reduction > 0) | late_job, 0.0, rise), 0.0)
-            up = grant(headroom, self.gpus, want, self.groups, self.eta)
+            up = grant(headroom, self.job_gpus, want, self.groups, self.eta)
             # A capped job may take the band between the release and soft levels too, as far as the soft level: a
             # rise that stops under it draws no cut, so no cut-and-rise cycle. The band is the hysteresis of a job
             # cut from above; a job cut once and held under the release level stays where that cut left it however
@@ -836,14 +828,15 @@ class DimmerController:
                 # also the ramp rule's room, which a band on top of it would overrun)
                 band_left_w[0] = max(float(soft[0] - release[0]), 0.0) if from_ceiling else 0.0
                 band_w = np.where(cut > 0, 0.0, headroom - rise_w + band_left_w)
-                more = grant(np.maximum(band_w, 0.0), self.gpus, asking, self.groups, self.eta)
+                more = grant(np.maximum(band_w, 0.0), self.job_gpus, asking, self.groups, self.eta)
                 up = up + more
                 if more.any():
                     rise_w = self._domain_rise_w(up)
             if rises or rise_w.any():
-                self.recent_rise_w = np.roll(self.recent_rise_w, 1, axis=0)
+                # (shifted in place: np.roll's rows without a new (n_env, n_domains) array each period)
+                self.recent_rise_w[1:] = self.recent_rise_w[:-1]
                 self.recent_rise_w[0] = rise_w
-                self._rise_rows = np.roll(self._rise_rows, 1)
+                self._rise_rows[1:] = self._rise_rows[:-1]
                 self._rise_rows[0] = bool(rise_w.any())
                 self._rise_rows_of = self.recent_rise_w
             new_cap = new_cap + up
@@ -864,10 +857,11 @@ class DimmerController:
                     np.fmin(load_env, bound_rack),
                     np.where(np.isfinite(guard_w), np.clip(at_caps - guard_w, 0.0, bridged_w), 0.0),
                     soft - planned_w,
-                    self.gpus,
+                    self.job_gpus,
                     self.groups,
                     self.eta,
                     return_to_w,
+                    self.rm,
                 )
             # once it runs again, it goes back to the cap the ceiling took from it as fast as the headroom allows
             # (not at the slow rise: the ceiling was for the tick of its return, which the battery has now met)

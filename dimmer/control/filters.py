@@ -27,6 +27,10 @@ class Window:
         self._whole = np.zeros(self._buf.shape[0], dtype=bool)
         self._sq: FloatArray | None = None  # each sample's squares, where `_sq_ok` (allocated at the first RMS)
         self._sq_ok = np.zeros(self._buf.shape[0], dtype=bool)
+        # the running sums of the squares in buffer order (row j: rows 0..j), the first `_pre_ok` of them as the
+        # squares now stand: a sample taken changes only the sums from its row on (`rms`)
+        self._pre: FloatArray | None = None
+        self._pre_ok = 0
 
     def update(self, x: FloatArray) -> FloatArray:
         self.push(x)
@@ -49,6 +53,7 @@ class Window:
             self._sq = np.empty_like(self._buf)
         for r in np.flatnonzero(~self._sq_ok):
             np.square(self._buf[r], out=self._sq[r])
+            self._pre_ok = min(self._pre_ok, int(r))
         self._sq_ok[:] = True
         return self._sq
 
@@ -72,7 +77,20 @@ class Window:
 
     def rms(self) -> FloatArray:
         if self._whole.all():
-            return _rms_of_squares(self._squares(), np.arange(self._buf.shape[0]))
+            # (_rms_of_squares over every row in buffer order, its running sums kept: the same additions)
+            sq = self._squares()
+            if self._pre is None:
+                self._pre = np.empty_like(sq)
+            pre = self._pre
+            if self._pre_ok == 0:
+                pre[0] = sq[0]
+                self._pre_ok = 1
+            for r in range(self._pre_ok, sq.shape[0]):
+                np.add(pre[r - 1], sq[r], out=pre[r])
+            self._pre_ok = sq.shape[0]
+            total = pre[-1] / float(sq.shape[0])
+            out: FloatArray = np.sqrt(total, out=total)
+            return out
         return _rms(self._buf)
 
 
@@ -206,11 +224,19 @@ class SwingLevel:
         # (changes no larger than the tolerance, or than float rounding of the readings, are no swing to follow)
         if var <= n * max(self.tol_abs, 1e-6 * float(np.abs(h).mean())) ** 2:
             return 0
-        # (each lag's sum over the pairs it has, scaled to the whole series: an unbiased estimate)
-        corr = np.array([float(d[:-k] @ d[k:]) * n / (n - k) for k in range(1, max_lag + 2) if k < n]) / var
-        for k in range(2, min(max_lag, corr.size - 1) + 1):
-            c = corr[k - 1]
-            if c >= self.PERIOD_MIN_CORR and c >= corr[k - 2] and c >= corr[k]:
+        # (each lag's sum over the pairs it has, scaled to the whole series: an unbiased estimate; worked out as the
+        # search reaches it, lags 1 to max_lag + 1 at most)
+        corr: dict[int, float] = {}
+
+        def at(k: int) -> float:
+            c = corr.get(k)
+            if c is None:
+                c = corr[k] = float(d[:-k] @ d[k:]) * n / (n - k) / var
+            return c
+
+        for k in range(2, min(max_lag, min(max_lag + 1, n - 1) - 1) + 1):
+            c = at(k)
+            if c >= self.PERIOD_MIN_CORR and c >= at(k - 1) and c >= at(k + 1):
                 return k
         return 0
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dimmer.control.rack_math import clip_float
+
 OK, LOW, HIGH, STUCK, MISSING = "ok", "low", "high", "stuck", "missing"
 
 # What each verdict means, for the controller's reasons (the daemon's metrics label a reason by its first 80
@@ -93,7 +95,7 @@ class PccCheck:
         mx, my = sx / w, sy / w
         var = max(sxx / w - mx * mx, 0.0)
         cov = sxy / w - mx * my
-        gain = float(np.clip((cov + self.prior) / (var + self.prior), 0.5, 2.0))
+        gain = clip_float((cov + self.prior) / (var + self.prior), 0.5, 2.0)
         return gain, (my - gain * mx) * self.scale_w
 
     def update(
@@ -171,7 +173,7 @@ class PccCheck:
         equally with whatever a fault beginning in them does.
         """
         if self.sums[0] > 0:
-            y_w = predicted_w + float(np.clip(y_w - predicted_w, -pull_w, pull_w))
+            y_w = predicted_w + clip_float(y_w - predicted_w, -pull_w, pull_w)
         x, y = x_w / self.scale_w, y_w / self.scale_w
         sample = np.array([1.0, x, y, x * x, x * y])
         if self.sums[0] <= 0:

@@ -26,12 +26,12 @@ cycle weighs 0.7 % of a full one, 300 full cycles a day). So here the BBUs:
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import scipy.sparse as sp
 
-from dimmer.control.rack_math import nan_to_num
+from dimmer.control.rack_math import RackMath, nan_to_num
 from dimmer.site import SiteModel
 from dimmer.wear import DAY_S, SOC_TURN_HYSTERESIS, depth_for_weight, depth_weight
 
@@ -60,19 +60,43 @@ class HalfCycles:
 
     def update(self, soc: FloatArray) -> FloatArray:
         """Take this period's SoC (NaN: unknown, skipped); return each rack's weight closed now (full cycles)."""
-        left = self._left
+        left, last = self._left, self._last_soc
         if (
             left is not None
+            and last is not None
             and self.h > 0
             and left[0] is self.turn
             and left[1] is self.extreme
             and left[2] is self.direction
-            and _same_bits(soc, self._last_soc)
+            and soc.dtype == np.float64
+            and soc.shape == last.shape
         ):
-            return np.zeros(soc.shape)  # (the shelves' SoC as last period: every run as it was)
+            # (a shelf whose SoC is as last period's, to the bit, is as it was: each rack's run is its own, so only
+            # the shelves that moved are worked through, where they are fewer than half)
+            moved = np.ascontiguousarray(soc).view(np.int64) != last.view(np.int64)
+            n_moved = int(np.count_nonzero(moved))
+            if n_moved == 0:
+                return np.zeros(soc.shape)  # (the shelves' SoC as last period: every run as it was)
+            if n_moved <= soc.shape[0] // 2:
+                at = np.flatnonzero(moved)
+                closed = np.zeros(soc.shape)
+                closed[at] = self._update_at(soc, at)
+                last[at] = soc[at]  # (our own copy)
+                self._left = (self.turn, self.extreme, self.direction)
+                return closed
         closed = self._update(soc)
         self._last_soc = np.array(soc, dtype=np.float64, order="C")
         self._left = (self.turn, self.extreme, self.direction)
+        return closed
+
+    def _update_at(self, soc: FloatArray, at: npt.NDArray[np.intp]) -> FloatArray:
+        """`_update` of the racks `at` alone (the others' runs as they are); their weights closed now."""
+        whole = (self.turn, self.extreme, self.direction)
+        self.turn, self.extreme, self.direction = whole[0][at], whole[1][at], whole[2][at]
+        closed = self._update(soc[at])
+        turn, extreme, direction = whole[0].copy(), whole[1].copy(), whole[2].copy()
+        turn[at], extreme[at], direction[at] = self.turn, self.extreme, self.direction
+        self.turn, self.extreme, self.direction = turn, extreme, direction
         return closed
 
     def _update(self, soc: FloatArray) -> FloatArray:
@@ -101,17 +125,22 @@ class HalfCycles:
         return out
 
 
-def _same_bits(a: FloatArray, b: FloatArray | None) -> bool:
-    """`a` holds exactly the values (to the bit) of the float64 array `b`."""
-    if b is None or a.dtype != np.float64 or a.shape != b.shape or not a.flags.c_contiguous:
-        return False
-    return bool(np.array_equal(a.view(np.int64), b.view(np.int64)))
+def _sel(a: npt.NDArray[Any], at: npt.NDArray[np.intp] | None) -> npt.NDArray[Any]:
+    """A per-rack array at the racks `at` (all of it where None)."""
+    return a if at is None else a[at]
 
 
 class BbuPolicy:
     """The BBU thresholds and recharge allowances of every rack, vectorised over racks."""
 
-    def __init__(self, site: SiteModel, cycle_budget_per_day: float, reserve_s: float, recharge_full_tau_s: float):
+    def __init__(
+        self,
+        site: SiteModel,
+        cycle_budget_per_day: float,
+        reserve_s: float,
+        recharge_full_tau_s: float,
+        rm: RackMath | None = None,
+    ):
         rs = site.rack_storage
         self.has = rs.bbu_energy_j > 0
         self._all_have = bool(self.has.all())
@@ -130,51 +159,51 @@ class BbuPolicy:
         self.full_tau_s = recharge_full_tau_s
         self.recharge_w = np.zeros(site.n_racks)
         self.given_w = np.zeros(site.n_racks)  # the relief planned last period: the SoC read now may not show it
-        # rack -> the domains above it (CSR rows)
-        self._rack_domains = sp.csr_array(site.incidence.T)
-        self._rack_domains.sort_indices()
+        self.rm = RackMath(site) if rm is None else rm  # (its ancestor_min: the least share above each rack)
 
-    def reserve_soc(self, load_w: FloatArray) -> FloatArray:
+    def reserve_soc(self, load_w: FloatArray, at: npt.NDArray[np.intp] | None = None) -> FloatArray:
         """The SoC each shelf keeps: `reserve_s` of its rack's present load as an outage draws it, at least the
-        shaving floor."""
+        shaving floor. `at`: `load_w` is those racks' only, in that order."""
         need = self.reserve_s * np.maximum(load_w, 0.0)
         if self._all_have:
-            need /= self._reserve_j
+            need /= _sel(self._reserve_j, at)
         else:
-            need = np.divide(need, self._reserve_j, out=np.zeros_like(load_w), where=self.has)
+            need = np.divide(need, _sel(self._reserve_j, at), out=np.zeros_like(load_w), where=_sel(self.has, at))
         out: FloatArray = np.minimum(np.maximum(need, self.soc_min), self.soc_max)  # (np.clip's, without its wrapper)
         return out
 
-    def affordable_w(self, dt_s: float) -> FloatArray:
+    def affordable_w(self, dt_s: float, at: npt.NDArray[np.intp] | None = None) -> FloatArray:
         """Per rack: the most its shelf may give over the next period (W, at its output) with the cycle that opens,
         closed by the recharge after it, within the allowance left: a discharge under way extends its own cycle; a
-        new one first pays for the recharge it interrupts."""
+        new one first pays for the recharge it interrupts. `at`: those racks only, in that order (each rack's
+        figure is its own, worked out alone: the same bits)."""
         c = self.cycles
-        open_depth = c.open_depth()
-        falling = c.direction < 0
-        unpaid = np.where(c.direction > 0, 0.5 * depth_weight(open_depth), 0.0)  # the recharge a new fall turns
-        reach = depth_for_weight(np.maximum(self.allowance - unpaid, 0.0))
-        unseen = self.given_w * dt_s / np.where(self.has, self.energy_j * self.discharge_eff * c.window, np.inf)
+        direction, has, energy_j = _sel(c.direction, at), _sel(self.has, at), _sel(self.energy_j, at)
+        open_depth = nan_to_num(np.abs(_sel(c.extreme, at) - _sel(c.turn, at)) / c.window, nan=0.0)  # (open_depth)
+        falling = direction < 0
+        unpaid = np.where(direction > 0, 0.5 * depth_weight(open_depth), 0.0)  # the recharge a new fall turns
+        reach = depth_for_weight(np.maximum(_sel(self.allowance, at) - unpaid, 0.0))
+        unseen = _sel(self.given_w, at) * dt_s / np.where(has, energy_j * self.discharge_eff * c.window, np.inf)
         depth = np.maximum(reach - np.where(falling, open_depth, 0.0) - unseen, 0.0)
-        out: FloatArray = np.where(
-            self.has, depth * c.window * self.energy_j * self.discharge_eff / max(dt_s, 1e-3), 0.0
-        )
+        out: FloatArray = np.where(has, depth * c.window * energy_j * self.discharge_eff / max(dt_s, 1e-3), 0.0)
         return out
 
-    def can_hold(self, soc: FloatArray, bound_w: FloatArray) -> BoolArray:
-        """Where a shelf can take a rack's surge for a period or two: present, SoC known and above its reserve."""
+    def can_hold(self, soc: FloatArray, bound_w: FloatArray, at: npt.NDArray[np.intp] | None = None) -> BoolArray:
+        """Where a shelf can take a rack's surge for a period or two: present, SoC known and above its reserve.
+        `at`: those racks only (`soc` and `bound_w` every rack's), in that order."""
+        if at is not None:
+            soc, bound_w = soc[at], bound_w[at]
         soc_k = nan_to_num(soc, nan=-1.0)
-        out: BoolArray = self.has & (soc_k > self.reserve_soc(nan_to_num(bound_w, nan=0.0)))
+        out: BoolArray = _sel(self.has, at) & (soc_k > self.reserve_soc(nan_to_num(bound_w, nan=0.0), at))
         return out
 
     def relief_scale(self, planned_w: FloatArray, soft_w: FloatArray) -> FloatArray:
         """Per rack: soft / planned load of the most loaded domain above it, where that is under 1 (1 elsewhere)."""
         over = planned_w > soft_w
         if not over.any():
-            return np.ones(self._rack_domains.shape[0])
-        share = np.where(over, soft_w / np.maximum(planned_w, 1e-9), 1.0)
-        out: FloatArray = np.minimum.reduceat(share[self._rack_domains.indices], self._rack_domains.indptr[:-1])
-        return out
+            return np.ones(self.has.shape[0])
+        share = np.where(over, soft_w / np.maximum(planned_w, 1e-9), 1.0)  # (1 where not over, under 1 where over)
+        return self.rm.ancestor_min(share, over)
 
     def step(
         self,
@@ -205,8 +234,11 @@ class BbuPolicy:
         asked = scale < 1.0
         if asked.any():
             # the relief under way, closed by the recharge that follows it, is a whole cycle of its depth
-            falling = self.cycles.direction < 0
-            opened = depth_weight(self.cycles.open_depth()) * falling if falling.any() else np.zeros(soc.shape)
+            falling = np.flatnonzero(self.cycles.direction < 0)
+            opened = np.zeros(soc.shape)  # (a rack's own figure: worked out where its shelf falls, 0 elsewhere)
+            if falling.size:
+                c = self.cycles
+                opened[falling] = depth_weight(nan_to_num(np.abs(c.extreme[falling] - c.turn[falling]) / c.window))
             can_give = known & (soc_k > reserve) & (self.allowance - opened > 0)
             # (not a guarded rack: its job is stopped or not yet started, and may come back within the period to
             # far over the bound its idle readings give; a relief threshold there took the surge of a start, 0.44 %
@@ -217,17 +249,16 @@ class BbuPolicy:
         # (a guard holds only above the reserve; none held: none to drop)
         guard = guard.copy() if (guard == np.inf).all() else np.where(known & (soc_k > reserve), guard, np.inf)
         if relieve.any():
-            energy_left_w = np.where(
-                relieve, (soc_k - reserve) * self.energy_j * self.discharge_eff / max(dt_s, 1e-3), 0.0
-            )
+            at = np.flatnonzero(relieve)  # (each figure below is its rack's own: worked out where it relieves)
+            energy_left_w = (soc_k[at] - reserve[at]) * self.energy_j[at] * self.discharge_eff / max(dt_s, 1e-3)
             # and no more in a period than the allowance left buys: stopping the relief only once the cycle under
             # way has cost the allowance let each shelf's last period of relief overrun it (commands-delayed: 1.04
             # depth-weighted cycles a day, interruption-storm 1.27, prometheus-campus 1.57, on a budget of 1)
-            afford_w = self.affordable_w(dt_s)
-            excess_w = np.maximum(bound_w - np.maximum(bound_w * scale, 0.0), 0.0)
-            relief: FloatArray = np.where(
-                relieve, np.minimum(np.minimum(excess_w, self.power_w), np.minimum(energy_left_w, afford_w)), 0.0
-            )
+            afford_w = self.affordable_w(dt_s, at)
+            bound_at = bound_w[at]
+            excess_w = np.maximum(bound_at - np.maximum(bound_at * scale[at], 0.0), 0.0)
+            relief: FloatArray = np.zeros(bound_w.shape)
+            relief[at] = np.minimum(np.minimum(excess_w, self.power_w[at]), np.minimum(energy_left_w, afford_w))
             relief = np.maximum(relief, 0.0)
             relieve = relieve & (relief > 0)
             threshold = np.where(relieve, bound_w - relief, guard)

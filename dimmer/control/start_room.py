@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from dimmer.control.allocation import shed
+from dimmer.control.allocation import JobGpus, shed
+from dimmer.control.rack_math import RackMath
 from dimmer.site import SiteModel
 
 FloatArray = npt.NDArray[np.float64]
@@ -32,10 +33,11 @@ def start_ceiling_w(
     planned_rack_w: FloatArray,
     bridged_rack_w: FloatArray,
     room_w: FloatArray,
-    gpus: FloatArray,
+    gpus: FloatArray | JobGpus,
     groups: list[IntArray],
     eta: float,
     return_rack_w: FloatArray | None = None,
+    rm: RackMath | None = None,
 ) -> FloatArray:
     """Per-GPU caps of every job, those of stopped jobs lowered so that their return fits the room.
 
@@ -43,20 +45,35 @@ def start_ceiling_w(
     `planned_rack_w` what the plan of each domain counts each rack at (its readings);
     `bridged_rack_w` what each down rack's BBU may carry of a return (0 where none); `room_w` (per domain) how far
     each domain's planned load may rise before its soft level; `gpus` and `groups` as for allocation.shed;
-    `return_rack_w` the most each rack draws when its job comes back below its caps (inf: up to them).
+    `return_rack_w` the most each rack draws when its job comes back below its caps (inf: up to them); `rm` the
+    site's RackMath, where the caller keeps one (the same sums, its constants worked out once).
     """
     gpu = site.gpu
     stopped = ~job_running
     if not stopped.any() or not down_rack.any():
         return cap_w
-    at_cap_w = site.rack_power_w(np.where(site.rack_job >= 0, cap_w[np.maximum(site.rack_job, 0)], gpu.rated_w))
-    if return_rack_w is not None:
-        at_cap_w = np.fmin(at_cap_w, return_rack_w)
-    surge_rack_w = np.where(down_rack, np.maximum(at_cap_w - planned_rack_w - bridged_rack_w, 0.0), 0.0)
-    excess_w = np.maximum(site.domain_load_w(surge_rack_w) - np.maximum(room_w, 0.0), 0.0)
+    if rm is None:
+        at_cap_w = site.rack_power_w(np.where(site.rack_job >= 0, cap_w[np.maximum(site.rack_job, 0)], gpu.rated_w))
+        if return_rack_w is not None:
+            at_cap_w = np.fmin(at_cap_w, return_rack_w)
+        surge_rack_w = np.where(down_rack, np.maximum(at_cap_w - planned_rack_w - bridged_rack_w, 0.0), 0.0)
+        surge_w = site.domain_load_w(surge_rack_w)
+    else:  # (the same figures, worked out for the down racks only: every other rack's surge is +0.0)
+        at = np.flatnonzero(down_rack)
+        job = site.rack_job[at]
+        at_cap_at_w = rm.rack_power_at_w(np.where(job >= 0, cap_w[np.maximum(job, 0)], gpu.rated_w), at)
+        if return_rack_w is not None:
+            at_cap_at_w = np.fmin(at_cap_at_w, return_rack_w[at])
+        surge_rack_w = np.zeros(site.n_racks)
+        surge_rack_w[at] = np.maximum(at_cap_at_w - planned_rack_w[at] - bridged_rack_w[at], 0.0)
+        surge_w = rm.domain_load_w(surge_rack_w, only_at=at)
+    excess_w = np.maximum(surge_w - np.maximum(room_w, 0.0), 0.0)
     if not np.any(excess_w > 0):
         return cap_w
     room_per_gpu = np.where(stopped, np.maximum(cap_w - gpu.min_cap_w, 0.0), 0.0)
-    reduction, _ = shed(excess_w, gpus * stopped[None, :], room_per_gpu, groups, eta)
+    # (only the stopped jobs' GPUs shed: a running job has no room here, so shed passes it by, and a JobGpus is
+    # read as it is rather than masked)
+    stopped_gpus = gpus if isinstance(gpus, JobGpus) else gpus * stopped[None, :]
+    reduction, _ = shed(excess_w, stopped_gpus, room_per_gpu, groups, eta)
     out: FloatArray = cap_w - reduction
     return out
