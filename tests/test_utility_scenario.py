@@ -3,6 +3,7 @@ every key checked at the door, and the same event through the daemon's OpenADR d
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -10,9 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from dimmer.control import make_controller
 from dimmer.daemon.openadr_signals import answer
 from dimmer.daemon.utility_config import UtilitySpec
 from dimmer.errors import InputError
+from dimmer.observation import Actions, Observation
 from dimmer.utility_events import Interval, UtilityEvent
 from gridsim.describe import describe
 from gridsim.engine import run
@@ -123,3 +126,34 @@ def test_the_daemon_and_gridsim_plan_on_the_same_event() -> None:
         sim_event.recovery_s,
     )
     assert shifted == daemon_event
+
+
+def test_the_controller_plans_on_a_lower_ramp_limit_in_the_observation(tmp_path: Path) -> None:
+    """A ramp-limit event (the daemon's VEN lowers the Observation's ramp limit): dimmer shapes a job start to it,
+    not to the site's 6 MW/min."""
+
+    class LowerRamp(_Seen):
+        def step(self, obs: Observation) -> Actions:
+            return super().step(replace(obs, ramp_limit_w_per_min=0.5e6))
+
+    site = {**BASE["site"], "pcc": {"limit_mw": 3.0, "ramp_mw_per_min": 6.0, "ramp_window_s": 60}}
+    jobs = [{"name": "a", "racks": [0, 10], "start_s": 20.0, "ramp_s": 0.0, "swing_frac": 0.0}]
+    storage = {"bess": {"power_mw": 1.0, "energy_mwh": 1.0}}
+    loaded = _loaded(tmp_path, duration_s=300, site={**site, "storage": storage}, jobs=jobs)
+    own, _ = _sim(loaded, lambda s: _Seen(make_controller("dimmer", s)))
+    low, _ = _sim(loaded, lambda s: LowerRamp(make_controller("dimmer", s)))
+    rate = {k: summarize(r)["max_ramp_mw_per_min"] for k, r in (("own", own), ("low", low))}
+    assert rate["low"] <= 0.5, rate  # the utility's (measured 0.35 MW/min)
+    assert rate["own"] > 0.55, rate  # the site's own rule lets the start climb faster (0.62: the battery's pace)
+
+
+class _Seen:
+    """A controller that records what it saw."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.name, self.seen = inner, inner.name, []
+
+    def step(self, obs: Observation) -> Actions:
+        self.seen.append(obs)
+        out: Actions = self.inner.step(obs)
+        return out

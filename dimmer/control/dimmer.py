@@ -509,7 +509,12 @@ class DimmerController:
         discharge_w, discharge_plan_w, charge_w = bess_room(site.bess, obs.bess_soc_frac, obs.bess_online,
                                                             p.bess_reserve_frac)  # fmt: skip
         bus_w = float(domain_w[0]) + bess_now_w
-        ramp_step = site.ramp_limit_w_per_min / 60.0 * p.ramp_margin_frac * dt
+        # the ramp rule in force: the site's, or lower where the utility asks it for now (an OpenADR event: the
+        # Observation's, docs/utility.md)
+        ramp_w_per_min = site.ramp_limit_w_per_min
+        if obs.ramp_limit_w_per_min < ramp_w_per_min:  # (NaN: none asked)
+            ramp_w_per_min = obs.ramp_limit_w_per_min
+        ramp_step = ramp_w_per_min / 60.0 * p.ramp_margin_frac * dt
         # the limit as it will be when these actions act: a curtailment ramping the limit down is planned against
         # where it will be limit_lead_periods from now, not where it was read. A ramp is a fall two periods in a
         # row (the smaller of the two is its rate); a step has already arrived and is not extrapolated.
@@ -545,7 +550,7 @@ class DimmerController:
             self.grid_target_w = None
         b = site.bess
         soc_pull = soc_pull_w(b, obs.bess_soc_frac, obs.bess_online, p.bess_soc_target_frac, p.bess_soc_recovery_s,
-                              p.ramp_margin_frac, site.ramp_limit_w_per_min, site.ramp_window_s)  # fmt: skip
+                              p.ramp_margin_frac, ramp_w_per_min, site.ramp_window_s)  # fmt: skip
         if soc_pull > 0 and caps_bind():
             soc_pull = 0.0  # recharge from surplus only, never with power a capped job could use
         battery_back = obs.bess_online and not self.bess_was_online and site.bess.energy_j > 0
@@ -563,7 +568,7 @@ class DimmerController:
         # the ramp rule as the utility measures it: the room the import's last two windows leave a level held from now
         # (the import as the plan would have it: a frequency response ordered is added back, ffr.py)
         self.ramp_room.push(float(domain_w[0]) + (self.ffr.order_w if self.ffr is not None else 0.0))
-        ramp_budget_w = p.ramp_margin_frac * site.ramp_limit_w_per_min * site.ramp_window_s / 60.0
+        ramp_budget_w = p.ramp_margin_frac * ramp_w_per_min * site.ramp_window_s / 60.0
         room_lo_w, room_hi_w = self.ramp_room.bounds(ramp_budget_w)
         # (a stopped job's return: the battery at its plan takes what it can of the rise)
         with_return_w = max(bus_w, bus_now_w) + return_w - max(discharge_plan_w, bess_now_w)
