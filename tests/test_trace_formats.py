@@ -5,6 +5,7 @@ idle -> idle, peak -> peak map, on the measured files in ../shared/data and the 
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dimmer.errors import InputError
 from dimmer.site import SiteModel, build_site
 from dimmer.siteconfig import LevelSpec, PccSpec, SiteSpec
 from gridsim.cli import main
@@ -268,3 +270,34 @@ def test_describe_reports_the_trace_gaps_and_map(capsys: pytest.CaptureFixture[s
     assert main(["describe", str(SCENARIOS / "trace-hall.toml")]) == 0
     out = capsys.readouterr().out
     assert "nvidia-smi at gpu level" in out and "clipped 0 low, 0 high" in out
+
+
+@given(st.datetimes(min_value=datetime(1990, 1, 1), max_value=datetime(2090, 1, 1)), st.booleans())
+def test_iso_time_round_trips_to_the_microsecond(when: datetime, zulu: bool) -> None:
+    stamp = when.replace(tzinfo=UTC)
+    text = stamp.isoformat().replace("+00:00", "Z") if zulu else stamp.isoformat()
+    assert parse_time(text) == (stamp - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+
+
+def test_a_bad_redfish_or_dcgm_file_names_its_line_or_key(tmp_path: Path) -> None:
+    cases = {
+        "r.json": ('{"MetricValues": [\n  {"MetricValue": "5",\n', "r.json:3", "JSON"),
+        "r2.json": (
+            '{"MetricValues": [{"MetricProperty": "/redfish/v1/Chassis/1/Power#/PowerControl/0/PowerConsumedWatts",'
+            ' "MetricValue": "-4", "Timestamp": "2026-01-05T10:00:00Z"}]}',
+            "MetricValues[0].MetricValue",
+            "a power in W >= 0",
+        ),
+        "d.prom": (
+            'DCGM_FI_DEV_POWER_USAGE{gpu="0"} 245.5 1767607200000\nDCGM_FI_DEV_POWER_USAGE{gpu="0"} 246\n',
+            "d.prom:2",
+            "a timestamp in ms",
+        ),
+    }
+    for name, (text, where, expected) in cases.items():
+        (tmp_path / name).write_text(text)
+        fmt = "dcgm-prometheus" if name.endswith(".prom") else "redfish"
+        with pytest.raises(InputError) as info:
+            load_raw_trace(tmp_path / name, fmt, "scn.toml", "jobs[0].trace_path")
+        msg = str(info.value)
+        assert where in msg and expected in msg, msg

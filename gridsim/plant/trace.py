@@ -23,7 +23,16 @@ import numpy.typing as npt
 
 from dimmer.errors import InputError
 from dimmer.inputfile import MAX_DATA_BYTES, read_input_text
-from gridsim.plant.trace_formats import RawTrace, _Err, read_nvsmi, read_trace
+from gridsim.plant.trace_formats import (
+    DCGM_POWER,
+    FORMATS,
+    RawTrace,
+    _Err,
+    read_csv,
+    read_nvsmi,
+    read_pdu_util,
+)
+from gridsim.plant.trace_telemetry import read_prometheus_json, read_prometheus_text, read_redfish
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -92,6 +101,50 @@ def fill_gaps(raw: RawTrace, max_gap_s: float | None, rule: str = "linear") -> t
                 idx = np.searchsorted(good, np.flatnonzero(~ok), side="right") - 1
                 col[~ok] = col[good[np.maximum(idx, 0)]]
     return power, GapStats(failed, gaps, longest, limit, rule)
+
+
+def detect_format(text: str) -> str | None:
+    head = text[:4096].lstrip()
+    first = head.splitlines()[0].lower() if head else ""
+    if head.startswith(("{", "[")):
+        if "MetricValues" in head or "MetricReport" in head:
+            return "redfish"
+        if "resultType" in head or '"data"' in head:
+            return "dcgm-prometheus"
+        return None
+    if DCGM_POWER in head:
+        return "dcgm-prometheus"
+    if "power.draw" in first:
+        return "nvidia-smi"
+    if "measured_power_util" in first:
+        return "pdu-util"
+    if "," in first:
+        return "csv"
+    return None
+
+
+def read_trace(text: str, fmt: str, path: Path, source: str, key: str, gpus: int = 1) -> tuple[RawTrace, str]:
+    """Parse `text` (the file at `path`) as `fmt` ("auto" detects it); returns the trace and the format read."""
+    err = _Err(path, source, key)
+    if not text.strip():
+        raise err(":1", "a power trace (the file is empty)")
+    if fmt == "auto":
+        found = detect_format(text)
+        if found is None:
+            raise err(":1", f"a power trace in one of the formats {', '.join(FORMATS)} (set trace_format)")
+        fmt = found
+    if fmt == "nvidia-smi":
+        return read_nvsmi(text, err, gpus), fmt
+    if fmt == "csv":
+        return read_csv(text, err), fmt
+    if fmt == "pdu-util":
+        return read_pdu_util(text, err), fmt
+    if fmt == "redfish":
+        return read_redfish(text, err), fmt
+    if fmt == "dcgm-prometheus":
+        is_json = text.lstrip().startswith(("{", "["))
+        return (read_prometheus_json(text, err) if is_json else read_prometheus_text(text, err)), fmt
+    raise err("", f"trace_format one of {', '.join(FORMATS)}")
 
 
 def load_raw_trace(path: str | Path, fmt: str, source: str, key: str, gpus: int = 1) -> tuple[RawTrace, str]:
