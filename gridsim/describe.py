@@ -20,6 +20,7 @@ import numpy as np
 
 from dimmer.site import SiteModel
 from dimmer.siteconfig import LEVEL_ORDER
+from gridsim.plant.trace_map import stats_text, trace_levels
 from gridsim.plant.voltage import VoltageDipEvent
 from gridsim.plant.workload import JobSpec
 from gridsim.scenario import (
@@ -216,7 +217,19 @@ def workload_text(loaded: LoadedScenario, site: SiteModel) -> str:
             f"(τ {bg.noise_tau_s:g} s)"
         )
     body = table(head, rows, "lrrlrlllll") if rows else "  no jobs"
-    return f"Workload: {len(sc.jobs)} job(s), {int(site.job_gpus.sum()):,} GPUs\n{body}\n  {background}"
+    traces = "".join(f"\n  {job.name}: {line}" for job, line in _trace_lines(loaded, site))
+    return f"Workload: {len(sc.jobs)} job(s), {int(site.job_gpus.sum()):,} GPUs\n{body}\n  {background}{traces}"
+
+
+def _trace_lines(loaded: LoadedScenario, site: SiteModel) -> list[tuple[JobSpec, str]]:
+    """Each trace job's file as read: format, level, failed reads and gaps filled, the map, what was clipped."""
+    out = []
+    for i, job in enumerate(loaded.scenario.jobs):
+        if job.kind == "trace" and job.trace_path is not None:
+            spec = job.model_copy(update={"trace_path": str(loaded.resolve(job.trace_path))})
+            _, _, stats = trace_levels(spec, site, loaded.source, f"jobs[{i}].trace_path", {})
+            out.append((job, stats_text(stats)))
+    return out
 
 
 def _life(job: JobSpec) -> str:

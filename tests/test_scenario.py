@@ -111,7 +111,8 @@ def test_override_is_validated_like_the_file(tmp_path: Path, capsys: pytest.Capt
             "timestamp, power.draw [W]\r\n2025/12/10 17:40:10.592, 18.14 W\r\n2025/12/10 17:40:10.6, lots W\r\n",
             "trace.csv:3",
         ),
-        ("time,power\n1,2\n", "header"),
+        ("time,power\n1,2\n", "trace.csv:2"),  # a time,power CSV now (docs/models.md), whose time is not ISO 8601
+        ("when, watts\n1, 2\n", "header"),
         ("", "empty"),
     ],
 )

@@ -272,7 +272,7 @@ def test_zero_size_bess_always_delivers_zero() -> None:
 
 @pytest.mark.parametrize(
     ("gpu", "full_kw", "shelf_kw"),
-    [("gb300", 72 * 1.840, 144.0), ("gb200", 72 * 1.667, 132.0), ("h100", 72 * 1.275, 96.0)],
+    [("gb300", 72 * 1.840, 144.0), ("gb200", 72 * 1.667, 132.0), ("h100", 72 * 1.018, 84.0)],
 )
 def test_default_bbu_carries_its_rack_at_full_draw_for_its_hold_up(gpu: str, full_kw: float, shelf_kw: float) -> None:
     """ORv3 HPR: whole 12 kW modules that carry the rack at full draw (every GPU at rated and the host), storing

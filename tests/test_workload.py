@@ -363,11 +363,13 @@ def test_trace_job_replays_the_measured_trace(tmp_path: Path) -> None:
     assert w.rack_peak_w()[0] == pytest.approx(RATED_W)
     _, d, _ = Runner(w).run(4.0, 0.1)
     assert np.all(d[:, :3] == d[:, :1])
-    np.testing.assert_allclose(d[:8, 0], np.array([100, 250, 250, 100, 100, 250, 250, 100]) / 250 * RATED_W)
+    # idle -> idle, peak -> peak: the trace's 100 W (its idle) is the preset's idle, its 250 W (= its rating) rated
+    lvl = {100: IDLE_W, 250: RATED_W}
+    np.testing.assert_allclose(d[:8, 0], [lvl[x] for x in (100, 250, 250, 100, 100, 250, 250, 100)])
     # played twice as slow: at t = 0.1 .. 0.8 s it reads samples 0, 1, 1, 2, 2, 3, 3, 4
     slow = make([jb.model_copy(update={"trace_time_scale": 2.0})])
     _, d2, _ = Runner(slow).run(4.0, 0.1)
-    np.testing.assert_allclose(d2[:8, 0], np.array([100, 100, 100, 250, 250, 250, 250, 100]) / 250 * RATED_W)
+    np.testing.assert_allclose(d2[:8, 0], [lvl[x] for x in (100, 100, 100, 250, 250, 250, 250, 100)])
 
 
 def test_trace_job_on_the_measured_titanx_log() -> None:

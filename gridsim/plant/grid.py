@@ -450,6 +450,8 @@ def band_rms_w(
     Returns 0.0 when the band cannot be measured: lo_hz at or above Nyquist, or a series shorter than one period
     of the lower edge (10 s at 0.1 Hz). 0.0 then means "not measurable", not "measured zero".
     """
+    if dt_s > 0 and lo_hz >= 0.5 / dt_s:
+        return 0.0  # the band lies above Nyquist (a sizing run's 60 s tick: effective_band_hz gives lo = hi = Nyquist)
     if not (dt_s > 0 and hi_hz > lo_hz >= 0):
         raise ValueError("need dt_s > 0 and 0 <= lo_hz < hi_hz")
     p = np.asarray(p_w, dtype=np.float64)

@@ -24,17 +24,15 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 from pydantic import Field, model_validator
 
-from dimmer.errors import InputError
 from dimmer.site import SiteModel
 from dimmer.siteconfig import JobPlacementSpec, Strict
-from gridsim.plant.trace import load_nvsmi_trace
+from gridsim.plant.trace_map import TraceCache, TraceFields, trace_levels
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -54,7 +52,7 @@ class CheckpointSpec(Strict):
     dip_frac: float = Field(default=0.3, ge=0, le=1)
 
 
-class JobSpec(JobPlacementSpec):
+class JobSpec(JobPlacementSpec, TraceFields):
     """A training job: its placement (name, priority, gpus | racks | building), its power shape and life."""
 
     kind: Literal["synthetic", "trace"] = "synthetic"
@@ -77,12 +75,7 @@ class JobSpec(JobPlacementSpec):
     recovery_s: float = Field(default=300.0, ge=0)
     # the restart surge back to full power (assumption: as fast as a start)
     restart_ramp_s: float = Field(default=1.0, ge=0)
-    # kind = "trace": an nvidia-smi per-GPU power log whose rows alternate GPUs 0..trace_gpus-1, normalised by
-    # trace_rated_w (default: the trace's maximum) and scaled to the site GPU's rated power
-    trace_path: str | None = None
-    trace_gpus: int = Field(default=1, ge=1, le=1024)
-    trace_rated_w: float | None = Field(default=None, gt=0)
-    trace_time_scale: float = Field(default=1.0, gt=0)  # 2 plays the trace twice as slow
+    # kind = "trace": the trace_* keys (a measured power log, its format, level and map) are TraceFields'
 
     @model_validator(mode="after")
     def _workload(self) -> JobSpec:
@@ -143,31 +136,6 @@ class WorkloadEvent(NamedTuple):
     cause: str  # "start", "failure", "power", "suspend", "checkpoint", "stop", "" where none
 
 
-def _trace_levels(
-    spec: JobSpec,
-    rated_w: float,
-    idle_w: float,
-    source: str,
-    key: str,
-    cache: dict[tuple[str, int], tuple[FloatArray, FloatArray]],
-) -> tuple[FloatArray, float]:
-    """The job's per-GPU demand on a uniform grid (W) and that grid's step (trace seconds)."""
-    path = str(spec.trace_path)
-    ck = (path, spec.trace_gpus)
-    if ck not in cache:
-        cache[ck] = load_nvsmi_trace(Path(path), spec.trace_gpus, source, key)
-    t_s, power_w = cache[ck]
-    norm_w = spec.trace_rated_w if spec.trace_rated_w is not None else float(np.max(power_w))
-    # a rack holds many GPUs: its per-GPU demand is the mean over the trace's GPUs
-    mean_frac = np.mean(power_w, axis=1) / norm_w
-    step_s = float(np.median(np.diff(t_s)))
-    if step_s <= 0:
-        raise InputError(source, key, f"{path}: samples at distinct times (median sample step is 0)")
-    grid = np.arange(int(t_s[-1] / step_s) + 1) * step_s
-    level = np.clip(np.interp(grid, t_s, mean_frac) * rated_w, idle_w, rated_w)
-    return level, step_s
-
-
 class Workload:
     """Per-rack, per-GPU power demand of the jobs placed on `site`, advanced tick by tick.
 
@@ -212,13 +180,13 @@ class Workload:
 
         # trace jobs: one flat table of per-GPU demand, indexed per tick by progress
         self._trace_jobs = np.asarray([i for i, j in enumerate(jobs) if j.kind == "trace"], dtype=np.int64)
-        cache: dict[tuple[str, int], tuple[FloatArray, FloatArray]] = {}
+        cache: TraceCache = {}
         tables: list[FloatArray] = []
         inv_step: list[float] = []
         offset: list[int] = []
         for i in self._trace_jobs.tolist():  # once per trace job, at construction
             spec = jobs[i]
-            level, step_s = _trace_levels(spec, rated, idle, source, f"jobs[{i}].trace_path", cache)
+            level, step_s, _ = trace_levels(spec, site, source, f"jobs[{i}].trace_path", cache)
             offset.append(sum(t.size for t in tables))
             tables.append(level)
             inv_step.append(1.0 / (step_s * spec.trace_time_scale))
