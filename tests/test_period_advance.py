@@ -25,6 +25,7 @@ from gridsim.engine import SimResult, Simulation
 from gridsim.period import PeriodBlock
 from gridsim.scenario import LoadedScenario, load_scenario, validate_scenario
 from tests.budget import examples
+from tests.conftest import skip_without_shared_data
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 
@@ -62,6 +63,7 @@ def both_ways(loaded: LoadedScenario, controller: str) -> tuple[PeriodBlock, Sim
 
 
 def _load(name: str, *overrides: str) -> LoadedScenario:
+    skip_without_shared_data(SCENARIOS / name)  # (a clone with no ../shared: the measured trace is not there)
     return load_scenario(SCENARIOS / name, list(overrides))
 
 
