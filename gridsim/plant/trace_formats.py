@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -125,6 +125,18 @@ def _header_col(header: list[str], *names: str) -> int:
     return -1
 
 
+def _csv_rows(lines: list[str], n_fields: int, err: _Err) -> Iterator[tuple[int, list[str]]]:
+    """(line number, stripped fields) of every non-blank line after the header; an error for a line whose field
+    count is not the header's."""
+    for lineno, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        f = [x.strip() for x in line.split(",")]
+        if len(f) != n_fields:
+            raise err(f":{lineno}", f"{n_fields} comma-separated fields as in the header (got {len(f)})")
+        yield lineno, f
+
+
 def read_nvsmi(text: str, err: _Err, gpus: int) -> RawTrace:
     lines = text.splitlines()
     if not lines:
@@ -137,12 +149,7 @@ def read_nvsmi(text: str, err: _Err, gpus: int) -> RawTrace:
     rows: list[list[float]] = []
     where: list[str] = []
     row: list[float] = []
-    for lineno, line in enumerate(lines[1:], start=2):
-        if not line.strip():
-            continue
-        f = [x.strip() for x in line.split(",")]
-        if len(f) != len(header):
-            raise err(f":{lineno}", f"{len(header)} comma-separated fields as in the header (got {len(f)})")
+    for lineno, f in _csv_rows(lines, len(header), err):
         try:
             t = parse_time(f[i_t])
         except ValueError:
@@ -190,12 +197,7 @@ def read_csv(text: str, err: _Err) -> RawTrace:
     times: list[int] = []
     rows: list[list[float]] = []
     where: list[str] = []
-    for lineno, line in enumerate(lines[1:], start=2):
-        if not line.strip():
-            continue
-        f = [x.strip() for x in line.split(",")]
-        if len(f) != len(header):
-            raise err(f":{lineno}", f"{len(header)} comma-separated fields as in the header (got {len(f)})")
+    for lineno, f in _csv_rows(lines, len(header), err):
         try:
             times.append(round(float(f[i_t]) * 1e6) if seconds else parse_time(f[i_t]))
         except ValueError:
@@ -221,12 +223,7 @@ def read_pdu_util(text: str, err: _Err) -> RawTrace:
     rows: list[list[float]] = []
     where: list[str] = []
     pdu: str | None = None
-    for lineno, line in enumerate(lines[1:], start=2):
-        if not line.strip():
-            continue
-        f = [x.strip() for x in line.split(",")]
-        if len(f) != len(header):
-            raise err(f":{lineno}", f"{len(header)} comma-separated fields as in the header (got {len(f)})")
+    for lineno, f in _csv_rows(lines, len(header), err):
         if i_pdu >= 0:
             if pdu is None:
                 pdu = f[i_pdu]
