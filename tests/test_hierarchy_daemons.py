@@ -16,7 +16,7 @@ import math
 import re
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -107,6 +107,22 @@ def _report(n_groups: int = 2) -> BuildingReports:
         group_w=groups * [[400_000.0, 470_000.0]], floor_w=groups * [[200_000.0, 230_000.0]],
         demand_w=groups * [[500_000.0, 520_000.0]], back_w=one * 0.0, fill_w=one * 55_000.0,
     )  # fmt: skip
+
+
+def test_a_coordinator_reports_as_flexibility_what_its_buildings_could_shed_and_its_battery(tmp_path: Path) -> None:
+    """What the coordinator's VEN reports as available flexibility: each heard building's job groups above their
+    floors (400-200 + 470-230 kW here), plus the battery's discharge headroom while it is online above its floor."""
+    from dimmer.daemon.coordinator_daemon import sheddable_w
+    from tests.test_dimmer_controller import _obs
+
+    path = tmp_path / "two.toml"
+    path.write_text(SCENARIO.format(duration=10))
+    site = load_scenario(path).site()
+    for online, soc, power, extra in ((True, 0.5, 100e3, 0.3e6), (False, 0.5, 0.0, 0.0), (True, 0.05, 0.0, 0.0)):
+        obs = _obs(site, 1.0, 1000.0, bess_online=online, bess_soc_frac=soc, bess_power_w=power)
+        assert sheddable_w(_report(), obs, site) == pytest.approx(440e3 + extra), (online, soc)
+    unheard = replace(_report(), t_s=np.full(1, -np.inf))
+    assert math.isnan(sheddable_w(unheard, _obs(site, 1.0, 1000.0), site))
 
 
 def test_a_building_serves_its_report_and_holds_the_budget_it_is_written_for_its_lease() -> None:

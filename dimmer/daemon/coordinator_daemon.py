@@ -51,6 +51,7 @@ from dimmer.daemon.observe import ObservationBuilder, Snapshot
 from dimmer.daemon.utility_ven import UtilityVen
 from dimmer.daemon.writes import Write, audit_entries, do_write, plan_writes
 from dimmer.observation import Actions, Observation
+from dimmer.site import SiteModel
 
 log = logging.getLogger("dimmer.coordinator")
 BATTERY_REVERT_MAX_S = 3600.0  # (the config's own limit on battery_revert_s)
@@ -302,7 +303,7 @@ class CoordinatorDaemon:
         return writes, list(results)
 
 
-def sheddable_w(reports: BuildingReports, obs: Observation, site: Any) -> float:
+def sheddable_w(reports: BuildingReports, obs: Observation, site: SiteModel) -> float:
     """What the campus could shed from its import now, as its buildings report it: each running job group's share
     of its building's bound above that group at its lowest caps, plus the campus battery's discharge headroom (the
     coordinator has no rack readings: `utility_ven.available_flexibility_w` is the flat daemon's). NaN when no
