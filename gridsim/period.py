@@ -114,7 +114,7 @@ class PeriodBlock:
             gpu_snap = gpu_period.snapshot(gpus)
             caps, floors = gpu_period.actuate_ticks(gpus, k0, n_ticks, dt)
             speed, floors_zero, binds = gpu_period.speeds_after(
-                caps, floors, loop.peak_w, sim.job_racks, sim.job_starts
+                caps, floors, loop.peak_w, sim.job_racks, sim.job_starts, sim.site
             )
             steps[1:] = speed[:-1]
         np.maximum(steps, 0.0, out=steps)

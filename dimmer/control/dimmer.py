@@ -34,7 +34,7 @@ import scipy.sparse as sp
 from pydantic import ValidationError
 
 from dimmer.control import register
-from dimmer.control.allocation import grant, job_gpus_per_domain, priority_groups, shed
+from dimmer.control.allocation import grant, job_gpus_per_domain, plan_groups, shed
 from dimmer.control.campus_battery import bess_room, campus_level, soc_pull_w
 from dimmer.control.dimmer_params import DimmerParams
 from dimmer.control.ffr import FastFrequencyResponse
@@ -66,7 +66,7 @@ class DimmerController:
         self.rm = RackMath(site)  # the site's rack arithmetic, its constants worked out once
         self.job_racks = site.rack_job >= 0
         self.gpus = job_gpus_per_domain(site)  # (n_domains, n_jobs)
-        self.groups = priority_groups(site.job_priority)
+        self.groups = plan_groups(site)  # by priority, then by each job's own throughput curve
         self.running_rack = (site.rack_job >= 0) & ~site.rack_is_spare
         self.job_rack = np.where(site.rack_job >= 0, site.rack_job, 0)
         # the running racks grouped by job (stable: rack order within a job), for per-job reductions in one pass
