@@ -232,6 +232,7 @@ class PeriodBlock:
         # BreakerBank.step with nothing tripped: the thermal state tick by tick, then whether anything trips
         r2 = domain_w * breakers._inv_rating
         np.square(r2, out=r2)
+        breakers.heat(r2)  # (an I²t curve's drive; nothing on other curves)
         theta = np.empty_like(r2)
         th = breakers.theta
         for i in range(n_ticks):

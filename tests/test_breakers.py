@@ -16,11 +16,13 @@ from gridsim.plant.breakers import (
     BreakerBank,
     BreakerSpec,
     TripCurve,
+    heating,
     trip_time_s,
 )
 
 UL = BREAKER_PRESETS["ul489"]
 IEC = BREAKER_PRESETS["iec60947_2"]
+I2T = BREAKER_PRESETS["iec60947_2_i2t"]
 
 
 def _site() -> SiteModel:
@@ -36,14 +38,18 @@ def _loads(bank: BreakerBank, ratios: dict[int, float]) -> np.ndarray:
 
 
 def _ode_trip_s(curve: TripCurve, ratio: float, theta0: float = 0.0) -> float:
-    """Trip time by integrating dθ/dt = (r² − θ)/τ numerically until θ = k² (not from the closed form)."""
+    """Trip time by integrating dθ/dt = (h − θ)/τ numerically until θ = k² (not from the closed form); h = r², or
+    `heating`'s drive on an I²t curve."""
+    drive = (
+        float(heating(np.array(ratio**2), curve.pickup_k**2, curve.i2t_s / curve.tau_s)) if curve.i2t_s else ratio**2
+    )
 
     def crossing(_t: float, y: np.ndarray) -> float:
         return float(y[0] - curve.pickup_k**2)
 
     crossing.terminal = True  # type: ignore[attr-defined]
     sol = solve_ivp(
-        lambda _t, y: (ratio**2 - y) / curve.tau_s,
+        lambda _t, y: (drive - y) / curve.tau_s,
         (0.0, 7200.0),
         [theta0],
         events=crossing,
@@ -54,7 +60,7 @@ def _ode_trip_s(curve: TripCurve, ratio: float, theta0: float = 0.0) -> float:
 
 
 # ---- presets against the closed form and the standards -----------------------------------------------------
-@pytest.mark.parametrize("curve", [UL, IEC], ids=lambda c: c.name)
+@pytest.mark.parametrize("curve", [UL, IEC, I2T], ids=lambda c: c.name)
 @pytest.mark.parametrize("ratio", [1.30, 1.35, 2.0])
 def test_closed_form_matches_integrated_ode(curve: TripCurve, ratio: float) -> None:
     assert float(trip_time_s(curve, ratio)) == pytest.approx(_ode_trip_s(curve, ratio), rel=1e-6)
@@ -123,7 +129,7 @@ def test_vendor_table_itself_is_not_pure_i2t_near_pickup() -> None:
     assert all(abs(dev[r]) <= 0.10 for r in (3.0, 4.0, 6.0))
 
 
-@pytest.mark.parametrize("curve", [UL, IEC], ids=lambda c: c.name)
+@pytest.mark.parametrize("curve", [UL, IEC, I2T], ids=lambda c: c.name)
 def test_instantaneous_and_degenerate_cases(curve: TripCurve) -> None:
     ii = curve.instantaneous_ratio
     t = trip_time_s(curve, np.array([ii, ii * 1.5, ii * 0.99, curve.pickup_k, 0.0]))
@@ -304,3 +310,41 @@ def test_derate_and_restore() -> None:
     assert np.array_equal(bank.rating_w, site.domain_rating_w)
     with pytest.raises(ValueError):
         bank.derate(mask, 0.0)
+
+
+# ---- the I²t preset (issue 15 item 5) ------------------------------------------------------------------------
+@pytest.mark.parametrize("ratio", [1.5, 2.0, 3.0, 4.0, 6.0])
+@pytest.mark.parametrize("dt_s", [0.1, 1.0])
+def test_i2t_preset_simulated_trip_is_i2t_within_10pct(ratio: float, dt_s: float) -> None:
+    """The bank stepped tick by tick on a campus breaker set to `iec60947_2_i2t` trips at t = 36·tr / x² (closed form
+    of I²t, tr = 16 s at 6 Ir): within 10 % is asked; measured: exact to 1e-9 (the crossing is solved in the tick).
+    The default `iec60947_2` is +48 %, +19 %, +6.2 %, +2.4 %, 0 % at these multiples (matched to the vendor's table)."""
+    site = _site()
+    bank = BreakerBank(site, BreakerSpec(campus="iec60947_2_i2t"))
+    load = _loads(bank, {0: ratio})
+    i2t = 36.0 * 16.0 / ratio**2
+    t = 0.0
+    while not bank.step(t, dt_s, load).any():
+        t += dt_s
+        assert t < 2 * i2t
+    t_trip = bank.trip_log[0][0]
+    assert t_trip == pytest.approx(i2t, rel=0.10)
+    assert t_trip == pytest.approx(i2t, rel=1e-9)
+    assert float(trip_time_s(I2T, ratio)) == pytest.approx(i2t, rel=1e-12)
+
+
+def test_i2t_preset_keeps_iec_points_and_thermal_memory() -> None:
+    assert math.isinf(float(trip_time_s(I2T, 1.05))) and math.isinf(float(trip_time_s(I2T, 1.15)))
+    assert math.isinf(float(trip_time_s(I2T, 1.05, theta0=1.05**2)))
+    assert float(trip_time_s(I2T, 1.30)) == pytest.approx(576.0 / 1.69)  # 341 s: within IEC's 1 h
+    # warm from carrying the rating it trips sooner (thermal memory, τ = 427.5 s): 39.8 s at 2 Ir instead of 144
+    assert float(trip_time_s(I2T, 2.0, theta0=1.0)) == pytest.approx(39.84, abs=0.01)
+    # below the pickup θ follows r² exactly as on the default curve: same state, same thermal_frac
+    site = _site()
+    a, b = BreakerBank(site, BreakerSpec(campus="iec60947_2_i2t")), BreakerBank(site, BreakerSpec())
+    load = 1.1 * site.domain_rating_w
+    for i in range(50):
+        a.step(i * 1.0, 1.0, load)
+        b.step(i * 1.0, 1.0, load)
+    assert np.array_equal(a.theta, b.theta)
+    assert np.array_equal(a.time_to_trip_s(2.0 * site.domain_rating_w)[:1], trip_time_s(I2T, 2.0, a.theta[0])[None])
