@@ -5,10 +5,12 @@ Figures come from ../shared/MODELS.md; docs/models.md cites each one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
+
+from dimmer.throughput import ThroughputCurve
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -22,18 +24,21 @@ PERF_THROUGHPUT_FRAC: tuple[float, ...] = (
 )  # fmt: skip
 
 
+# The shipped table as a curve: every GPU preset's unless a job carries its own (dimmer.throughput).
+DEFAULT_CURVE = ThroughputCurve(
+    "a100-gpt3-175b-table",
+    PERF_POWER_FRAC,
+    PERF_THROUGHPUT_FRAC,
+    source="piecewise-linear least squares to Perseus GPT-3 175B A100 SXM (ml-energy/zeus sosp24_data)",
+)
+
+
 def throughput_frac(power_frac: npt.ArrayLike) -> FloatArray:
-    """Relative throughput of a GPU held at `power_frac` of the power it would draw uncapped.
+    """Relative throughput of a GPU held at `power_frac` of the power it would draw uncapped (the shipped table).
 
     1.0 at or above 1; linear extrapolation of the lowest measured segment below 0.5, floored at 0.
     """
-    p = np.asarray(power_frac, dtype=np.float64)
-    xs = np.asarray(PERF_POWER_FRAC)
-    ys = np.asarray(PERF_THROUGHPUT_FRAC)
-    slope = (ys[1] - ys[0]) / (xs[1] - xs[0])
-    inside = np.interp(np.minimum(p, 1.0), xs, ys)
-    below = ys[0] + slope * (p - xs[0])
-    return np.where(p < xs[0], np.maximum(below, 0.0), inside)
+    return DEFAULT_CURVE(power_frac)
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,8 @@ class GpuSpec:
     idle_w: float  # draw with nothing running
     host_overhead_w: float  # CPUs, NICs, switches, fans in the rack, per GPU (assumption: constant)
     floor_max_frac: float = 0.9  # power-smoothing floor ceiling as a fraction of rated (Blackwell: 0-90 %)
+    # throughput under a cap, for every job that does not carry its own curve
+    throughput: ThroughputCurve = field(default=DEFAULT_CURVE, compare=False)
 
     def clamp_cap_w(self, cap_w: npt.ArrayLike) -> FloatArray:
         return np.clip(np.asarray(cap_w, dtype=np.float64), self.min_cap_w, self.rated_w)
@@ -62,6 +69,9 @@ class GpuSpec:
 # 8 x (75 + 575) / 0.97 = 5.36 kW; now 3.24 kW. GB200: 200-1200 W (NVIDIA Domain Power Service spec); an NVL72 rack is
 # ~120 kW, i.e. ~467 W per GPU beyond the GPUs. GB300: 1400 W rated (vendor material, low authority); 132-140 kW
 # rack -> ~440 W per GPU beyond the GPUs. Idle for Blackwell parts is an assumption (~12 % of rated, as H100).
+# Throughput under a cap: no public per-clock profile of H100, GB200 or GB300 was found; each carries the shipped
+# table measured on A100 SXM (GPT-3 175B, Perseus), an *assumption* for these parts (docs/models.md). A job on
+# them may carry a measured curve of its own (dimmer.throughput.THROUGHPUT_PRESETS, points or a profile file).
 GPU_PRESETS: dict[str, GpuSpec] = {
     "h100": GpuSpec("h100", rated_w=700.0, min_cap_w=200.0, idle_w=75.0, host_overhead_w=318.0),
     "gb200": GpuSpec("gb200", rated_w=1200.0, min_cap_w=200.0, idle_w=140.0, host_overhead_w=467.0),

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -18,6 +20,7 @@ import scipy.sparse as sp
 from dimmer.errors import InputError
 from dimmer.gpus import GPU_PRESETS, GpuSpec
 from dimmer.siteconfig import LEVEL_ORDER, BbuSpec, JobPlacementSpec, SiteSpec, TraySpec
+from dimmer.throughput import THROUGHPUT_PRESETS, ThroughputCurve, curve_from_points, load_profile_curve
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -77,6 +80,8 @@ class SiteModel:
     # storage
     rack_storage: RackStorageRatings
     bess: BessRatings
+    # each job's throughput under a cap; () or a job's entry `gpu.throughput`: the GPU preset's curve
+    job_throughput: tuple[ThroughputCurve, ...] = ()
 
     @property
     def n_racks(self) -> int:
@@ -122,6 +127,26 @@ class SiteModel:
 
     def rack_max_w(self) -> FloatArray:
         return self.rack_power_w(np.full(self.n_racks, self.gpu.rated_w))
+
+    def job_curve(self, job: int) -> ThroughputCurve:
+        """The throughput curve job `job` plans and runs with."""
+        return self.job_throughput[job] if self.job_throughput else self.gpu.throughput
+
+    @cached_property
+    def _own_curve_racks(self) -> tuple[tuple[ThroughputCurve, IntArray], ...]:
+        """(curve, racks) for every job whose curve is not the GPU preset's."""
+        return tuple(
+            (c, np.flatnonzero(self.rack_job == j))
+            for j, c in enumerate(self.job_throughput)
+            if c is not self.gpu.throughput
+        )
+
+    def rack_throughput_frac(self, power_frac: FloatArray) -> FloatArray:
+        """Relative throughput of each rack (the last axis) held at `power_frac`, by its job's curve."""
+        out = self.gpu.throughput(power_frac)
+        for curve, racks in self._own_curve_racks:
+            out[..., racks] = curve(power_frac[..., racks])
+        return out
 
     def domain_index(self, name: str) -> int:
         try:
@@ -275,7 +300,19 @@ def build_site(spec: SiteSpec, jobs: Sequence[JobPlacementSpec] | None = None, s
         ramp_window_s=spec.pcc.ramp_window_s,
         rack_storage=rack_storage,
         bess=bess,
+        job_throughput=tuple(_job_curve(j, gpu, source, f"jobs[{i}]") for i, j in enumerate(jobs)),
     )
+
+
+def _job_curve(job: JobPlacementSpec, gpu: GpuSpec, source: str, key: str) -> ThroughputCurve:
+    """A job's own throughput curve (points, preset or profile file), else the GPU preset's (the same object)."""
+    if job.throughput_profile is not None:
+        return load_profile_curve(Path(job.throughput_profile), source, f"{key}.throughput_profile")
+    if isinstance(job.throughput_curve, str):
+        return THROUGHPUT_PRESETS[job.throughput_curve]
+    if job.throughput_curve is not None:
+        return curve_from_points(f"{job.name} (scenario points)", job.throughput_curve, source=source)
+    return gpu.throughput
 
 
 def _place_jobs(

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dimmer.gpus import GPU_PRESETS
+from dimmer.throughput import THROUGHPUT_PRESETS, curve_problem
 
 LevelName = Literal["building", "hall", "row", "rack"]
 LEVEL_ORDER: tuple[str, ...] = ("campus", "building", "hall", "row", "rack")
@@ -182,9 +183,26 @@ class JobPlacementSpec(Strict):
     gpus: int | None = Field(default=None, ge=1)
     racks: tuple[int, int] | None = None  # [first, last) rack index
     building: str | None = None  # every free rack of that building (e.g. "b1")
+    # throughput under a cap (default: the GPU preset's): [[relative power, relative throughput], ...] ending at
+    # [1, 1], or a measured preset's name (dimmer.throughput.THROUGHPUT_PRESETS) ...
+    throughput_curve: list[tuple[float, float]] | str | None = None
+    # ... or a Perseus / ML.ENERGY per-clock profile (CSV: stage,instruction,frequency,time,energy), fitted on load
+    throughput_profile: str | None = None
+
+    @field_validator("throughput_curve")
+    @classmethod
+    def _a_curve(cls, v: list[tuple[float, float]] | str | None) -> list[tuple[float, float]] | str | None:
+        if isinstance(v, str):
+            if v not in THROUGHPUT_PRESETS:
+                raise ValueError(f"a throughput curve preset, one of {sorted(THROUGHPUT_PRESETS)}, or a list of points")
+        elif v is not None and (problem := curve_problem(v)):
+            raise ValueError(f"a throughput curve: {problem}")
+        return v
 
     @model_validator(mode="after")
     def _one_placement(self) -> JobPlacementSpec:
+        if self.throughput_curve is not None and self.throughput_profile is not None:
+            raise ValueError("give at most one of throughput_curve or throughput_profile")
         given = [k for k in ("gpus", "racks", "building") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError("give exactly one of gpus, racks or building")

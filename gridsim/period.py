@@ -116,7 +116,7 @@ class PeriodBlock:
             gpu_snap = gpu_period.snapshot(gpus)
             caps, floors = gpu_period.actuate_ticks(gpus, k0, n_ticks, dt)
             speed, floors_zero, binds = gpu_period.speeds_after(
-                caps, floors, loop.peak_w, sim.job_racks, sim.job_starts
+                caps, floors, loop.peak_w, sim.job_racks, sim.job_starts, sim.site
             )
             steps[1:] = speed[:-1]
         np.maximum(steps, 0.0, out=steps)
@@ -234,6 +234,7 @@ class PeriodBlock:
         # BreakerBank.step with nothing tripped: the thermal state tick by tick, then whether anything trips
         r2 = domain_w * breakers._inv_rating
         np.square(r2, out=r2)
+        breakers.heat(r2)  # (an I²t curve's drive; nothing on other curves)
         theta = np.empty_like(r2)
         th = breakers.theta
         for i in range(n_ticks):

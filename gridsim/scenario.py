@@ -243,7 +243,13 @@ class LoadedScenario:
         return p if p.is_absolute() else self.base_dir / p
 
     def site(self) -> SiteModel:
-        return build_site(self.scenario.site, list(self.scenario.jobs), source=self.source)
+        jobs = [  # a throughput profile's path is relative to the scenario file, as a trace's is
+            j.model_copy(update={"throughput_profile": str(self.resolve(j.throughput_profile))})
+            if j.throughput_profile
+            else j
+            for j in self.scenario.jobs
+        ]
+        return build_site(self.scenario.site, jobs, source=self.source)
 
 
 def parse_override(text: str, source: str = "--set") -> tuple[list[str | int], Any]:

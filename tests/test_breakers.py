@@ -16,11 +16,13 @@ from gridsim.plant.breakers import (
     BreakerBank,
     BreakerSpec,
     TripCurve,
+    heating,
     trip_time_s,
 )
 
 UL = BREAKER_PRESETS["ul489"]
 IEC = BREAKER_PRESETS["iec60947_2"]
+I2T = BREAKER_PRESETS["iec60947_2_i2t"]
 
 
 def _site() -> SiteModel:
@@ -36,14 +38,18 @@ def _loads(bank: BreakerBank, ratios: dict[int, float]) -> np.ndarray:
 
 
 def _ode_trip_s(curve: TripCurve, ratio: float, theta0: float = 0.0) -> float:
-    """Trip time by integrating dθ/dt = (r² − θ)/τ numerically until θ = k² (not from the closed form)."""
+    """Trip time by integrating dθ/dt = (h − θ)/τ numerically until θ = k² (not from the closed form); h = r², or
+    `heating`'s drive on an I²t curve."""
+    drive = (
+        float(heating(np.array(ratio**2), curve.pickup_k**2, curve.i2t_s / curve.tau_s)) if curve.i2t_s else ratio**2
+    )
 
     def crossing(_t: float, y: np.ndarray) -> float:
         return float(y[0] - curve.pickup_k**2)
 
     crossing.terminal = True  # type: ignore[attr-defined]
     sol = solve_ivp(
-        lambda _t, y: (ratio**2 - y) / curve.tau_s,
+        lambda _t, y: (drive - y) / curve.tau_s,
         (0.0, 7200.0),
         [theta0],
         events=crossing,
@@ -54,7 +60,7 @@ def _ode_trip_s(curve: TripCurve, ratio: float, theta0: float = 0.0) -> float:
 
 
 # ---- presets against the closed form and the standards -----------------------------------------------------
-@pytest.mark.parametrize("curve", [UL, IEC], ids=lambda c: c.name)
+@pytest.mark.parametrize("curve", [UL, IEC, I2T], ids=lambda c: c.name)
 @pytest.mark.parametrize("ratio", [1.30, 1.35, 2.0])
 def test_closed_form_matches_integrated_ode(curve: TripCurve, ratio: float) -> None:
     assert float(trip_time_s(curve, ratio)) == pytest.approx(_ode_trip_s(curve, ratio), rel=1e-6)
@@ -90,7 +96,40 @@ def test_iec60947_2_bounds_and_tr_point() -> None:
     assert float(trip_time_s(IEC, 2.0)) == pytest.approx(171.6, abs=0.5)
 
 
-@pytest.mark.parametrize("curve", [UL, IEC], ids=lambda c: c.name)
+# Schneider Electric, "Trip Curve Values for Micrologic Trip Units, Basic, A, P and H Types", Instruction Bulletin
+# S1A1576900 Rev01 (09/2009), Table 1, long-time delay setting tr = 16 s: (multiple of Ir, min s, max s).
+MICROLOGIC_TR16 = (
+    (1.35, 382.19, 611.92),
+    (1.5, 277.1, 400.43),
+    (2.0, 132.69, 174.92),
+    (3.0, 53.78, 68.34),
+    (5.0, 18.56, 23.25),
+    (6.0, 12.8, 16.0),
+    (7.2, 8.85, 11.04),
+)
+
+
+@pytest.mark.parametrize(("ratio", "lo_s", "hi_s"), MICROLOGIC_TR16, ids=lambda v: str(v))
+def test_iec60947_2_inside_the_micrologic_published_band(ratio: float, lo_s: float, hi_s: float) -> None:
+    """The electronic long-time preset follows the vendor's published table, not pure I²t: at every tabulated
+    multiple the cold trip time lies inside Schneider's min-max band for tr = 16 s (to 0.5 % at its edges)."""
+    t = float(trip_time_s(IEC, ratio))
+    assert lo_s * 0.995 <= t <= hi_s * 1.005
+
+
+def test_vendor_table_itself_is_not_pure_i2t_near_pickup() -> None:
+    """Why the preset is matched to the vendor table and not to t = 36·tr/x²: Schneider's own band excludes pure
+    I²t at 1.35 and 1.5 Ir (316 s and 256 s lie below the band's minimum) though it holds it from 2 Ir up."""
+    i2t = {r: 36.0 * 16.0 / r**2 for r, _, _ in MICROLOGIC_TR16}
+    below = [r for r, lo, _ in MICROLOGIC_TR16 if i2t[r] < lo]
+    assert below == [1.35, 1.5]
+    # the preset against pure I²t, measured: +75 % at 1.35, +48 % at 1.5, +19 % at 2, +6 % at 3, +2 % at 4, 0 at 6
+    dev = {r: float(trip_time_s(IEC, r)) / (576.0 / r**2) - 1.0 for r in (1.35, 1.5, 2.0, 3.0, 4.0, 6.0)}
+    assert dev[1.5] == pytest.approx(0.480, abs=0.002) and dev[2.0] == pytest.approx(0.192, abs=0.002)
+    assert all(abs(dev[r]) <= 0.10 for r in (3.0, 4.0, 6.0))
+
+
+@pytest.mark.parametrize("curve", [UL, IEC, I2T], ids=lambda c: c.name)
 def test_instantaneous_and_degenerate_cases(curve: TripCurve) -> None:
     ii = curve.instantaneous_ratio
     t = trip_time_s(curve, np.array([ii, ii * 1.5, ii * 0.99, curve.pickup_k, 0.0]))
@@ -271,3 +310,41 @@ def test_derate_and_restore() -> None:
     assert np.array_equal(bank.rating_w, site.domain_rating_w)
     with pytest.raises(ValueError):
         bank.derate(mask, 0.0)
+
+
+# ---- the I²t preset (issue 15 item 5) ------------------------------------------------------------------------
+@pytest.mark.parametrize("ratio", [1.5, 2.0, 3.0, 4.0, 6.0])
+@pytest.mark.parametrize("dt_s", [0.1, 1.0])
+def test_i2t_preset_simulated_trip_is_i2t_within_10pct(ratio: float, dt_s: float) -> None:
+    """The bank stepped tick by tick on a campus breaker set to `iec60947_2_i2t` trips at t = 36·tr / x² (closed form
+    of I²t, tr = 16 s at 6 Ir): within 10 % is asked; measured: exact to 1e-9 (the crossing is solved in the tick).
+    The default `iec60947_2` is +48 %, +19 %, +6.2 %, +2.4 %, 0 % at these multiples (matched to the vendor's table)."""
+    site = _site()
+    bank = BreakerBank(site, BreakerSpec(campus="iec60947_2_i2t"))
+    load = _loads(bank, {0: ratio})
+    i2t = 36.0 * 16.0 / ratio**2
+    t = 0.0
+    while not bank.step(t, dt_s, load).any():
+        t += dt_s
+        assert t < 2 * i2t
+    t_trip = bank.trip_log[0][0]
+    assert t_trip == pytest.approx(i2t, rel=0.10)
+    assert t_trip == pytest.approx(i2t, rel=1e-9)
+    assert float(trip_time_s(I2T, ratio)) == pytest.approx(i2t, rel=1e-12)
+
+
+def test_i2t_preset_keeps_iec_points_and_thermal_memory() -> None:
+    assert math.isinf(float(trip_time_s(I2T, 1.05))) and math.isinf(float(trip_time_s(I2T, 1.15)))
+    assert math.isinf(float(trip_time_s(I2T, 1.05, theta0=1.05**2)))
+    assert float(trip_time_s(I2T, 1.30)) == pytest.approx(576.0 / 1.69)  # 341 s: within IEC's 1 h
+    # warm from carrying the rating it trips sooner (thermal memory, τ = 427.5 s): 39.8 s at 2 Ir instead of 144
+    assert float(trip_time_s(I2T, 2.0, theta0=1.0)) == pytest.approx(39.84, abs=0.01)
+    # below the pickup θ follows r² exactly as on the default curve: same state, same thermal_frac
+    site = _site()
+    a, b = BreakerBank(site, BreakerSpec(campus="iec60947_2_i2t")), BreakerBank(site, BreakerSpec())
+    load = 1.1 * site.domain_rating_w
+    for i in range(50):
+        a.step(i * 1.0, 1.0, load)
+        b.step(i * 1.0, 1.0, load)
+    assert np.array_equal(a.theta, b.theta)
+    assert np.array_equal(a.time_to_trip_s(2.0 * site.domain_rating_w)[:1], trip_time_s(I2T, 2.0, a.theta[0])[None])

@@ -88,6 +88,10 @@ CASES: list[tuple[str, list[str], str, str | None]] = [
     ("curtailment.toml", ["duration_s=120"], "dimmer", None),
     ("faults/cap-writes-lost-row.toml", ["duration_s=200"], "dimmer", None),
     ("sites/derate-crash.toml", ["duration_s=200"], "dimmer", None),
+    # issue 15: a job on its own throughput curve under settling caps, and rows on the I²t curve loaded past its
+    # pickup (~1.2 x: the heated drive in every period, no trip within the run)
+    ("job-start-32k.toml", ["duration_s=40", "jobs[0].throughput_curve='a40-bloom-176b'"], "dimmer", None),
+    ("swing-8k.toml", ["duration_s=60", "breakers.row='iec60947_2_i2t'", "site.levels[1].rating_kw=730"], "none", None),
 ]
 
 
@@ -121,6 +125,16 @@ def test_a_breaker_that_trips_inside_a_period_sends_it_back_to_the_tick_path() -
     assert res.trips
     assert block.refused.get("a breaker trips inside", 0) > 0
     assert block.refused.get("breaker open", 0) > 0
+    assert block.taken > 0
+
+
+def test_an_i2t_breaker_that_trips_inside_a_period_sends_it_back_to_the_tick_path() -> None:
+    # the same rows on the I²t curve: ~2.9 x their rating trips after ~68 s (576 / x²), recloses 20 s later
+    overrides = ["duration_s=150", "site.levels[1].rating_kw=300", "breakers.reclose_s=20", "site.pcc.limit_mw=40",
+                 "breakers.row='iec60947_2_i2t'"]  # fmt: skip
+    block, res = both_ways(_load("swing-8k.toml", *overrides), "none")
+    assert res.trips
+    assert block.refused.get("a breaker trips inside", 0) > 0
     assert block.taken > 0
 
 

@@ -21,6 +21,7 @@ import scipy.sparse as sp
 
 from dimmer.control.rack_math import RackMath, nan_to_num
 from dimmer.site import SiteModel
+from dimmer.throughput import ThroughputCurve
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -74,6 +75,26 @@ class JobGpus:
 def priority_groups(priority: IntArray) -> list[IntArray]:
     """Job indices grouped by priority, lowest priority first."""
     return [np.flatnonzero(priority == p) for p in np.unique(priority)]
+
+
+# Where on a job's curve its cost of a cut is read: the top fifth of relative power, where caps mostly sit.
+COST_POWER_FRAC = 0.8
+
+
+def cap_cost(curve: ThroughputCurve) -> float:
+    """Relative throughput lost per unit of relative power over the curve's top fifth: (1 − t(0.8)) / 0.2."""
+    return float(1.0 - curve(COST_POWER_FRAC)) / (1.0 - COST_POWER_FRAC)
+
+
+def plan_groups(site: SiteModel) -> list[IntArray]:
+    """priority_groups, each split by the jobs' own throughput curves: within one priority, the jobs that lose the
+    least throughput per watt saved (cap_cost) give first and get back last. Jobs sharing one curve (every job that
+    carries none shares the GPU preset's) stay one group, so a site without job curves plans as by priority alone."""
+    out: list[IntArray] = []
+    for g in priority_groups(site.job_priority):
+        cost = np.array([cap_cost(site.job_curve(int(j))) for j in g])
+        out.extend(g[cost == c] for c in np.unique(cost))
+    return out
 
 
 def shed(

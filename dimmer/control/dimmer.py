@@ -33,7 +33,7 @@ import numpy.typing as npt
 from pydantic import ValidationError
 
 from dimmer.control import register
-from dimmer.control.allocation import JobGpus, grant, job_gpus_per_domain, priority_groups, shed, shed_past_the_draw
+from dimmer.control.allocation import JobGpus, grant, job_gpus_per_domain, plan_groups, shed, shed_past_the_draw
 from dimmer.control.campus_battery import bess_room, campus_level, soc_pull_w
 from dimmer.control.dimmer_params import DimmerParams
 from dimmer.control.ffr import FastFrequencyResponse
@@ -67,7 +67,7 @@ class DimmerController:
         self.job_racks = site.rack_job >= 0
         self.gpus = job_gpus_per_domain(site)  # (n_domains, n_jobs)
         self.job_gpus = JobGpus(self.gpus)  # (the same, with what the allocation reads of it kept)
-        self.groups = priority_groups(site.job_priority)
+        self.groups = plan_groups(site)  # by priority, then by each job's own throughput curve
         self.running_rack = (site.rack_job >= 0) & ~site.rack_is_spare
         self.job_rack = np.where(site.rack_job >= 0, site.rack_job, 0)
         # the running racks grouped by job (stable: rack order within a job), for per-job reductions in one pass

@@ -23,7 +23,6 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from dimmer.gpus import throughput_frac
 from dimmer.site import BoolArray, FloatArray, SiteModel
 from dimmer.siteconfig import Strict
 
@@ -190,10 +189,11 @@ class GpuBank:
     def rack_speed_frac(self, peak_w: FloatArray, limit_w: FloatArray | None = None) -> FloatArray:
         """Throughput of each rack's GPUs relative to uncapped, when uncapped they peak at `peak_w` per GPU.
 
-        throughput_frac(min(limit, peak_w) / peak_w) with `limit_w` the power the GPUs are held to (default the cap;
-        power_limit_w adds the ramp limit); 1 where peak_w <= 0 (nothing to slow down). Floors do not slow GPUs.
+        The rack's job's throughput curve (SiteModel.rack_throughput_frac) at min(limit, peak_w) / peak_w, with
+        `limit_w` the power the GPUs are held to (default the cap; power_limit_w adds the ramp limit); 1 where
+        peak_w <= 0 (nothing to slow down). Floors do not slow GPUs.
         """
         peak = np.asarray(peak_w, dtype=np.float64)
         limit = self.cap_w if limit_w is None else limit_w
         frac = np.divide(np.minimum(limit, peak), peak, out=np.ones_like(self.cap_w), where=peak > 0.0)
-        return throughput_frac(frac)
+        return self.site.rack_throughput_frac(frac)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from dimmer.gpus import throughput_frac
+from dimmer.site import SiteModel
 from gridsim.plant.gpu import GpuBank
 
 FloatArray = npt.NDArray[np.float64]
@@ -67,6 +67,7 @@ def speeds_after(
     peak_w: FloatArray,
     job_racks: npt.NDArray[np.int64],
     job_starts: npt.NDArray[np.int64],
+    site: SiteModel,
 ) -> tuple[FloatArray, BoolArray, BoolArray]:
     """(job speed, floors all zero, a cap binds) after each tick whose caps and floors are the rows of `cap`,
     `floor`: TickLoop.update_job_speed (no ramp limit) row by row."""
@@ -77,7 +78,7 @@ def speeds_after(
     if binds.any():
         frac = np.ones_like(cap)
         np.divide(np.minimum(cap, peak_w), peak_w, out=frac, where=peak_w > 0.0)  # GpuBank.rack_speed_frac
-        rack_speed = throughput_frac(frac)
+        rack_speed = site.rack_throughput_frac(frac)
         job = np.minimum.reduceat(rack_speed[:, job_racks], job_starts, axis=1)
         speed[binds] = job[binds]
     return speed, floors_zero, binds
