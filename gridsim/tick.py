@@ -183,11 +183,10 @@ class TickLoop:
         if not all_on:
             rack_w *= energized
         tray_w = sim.trays.step(dt, rack_w, None if all_on else energized)
+        threshold_w, recharge_w = sim.bbu_threshold_w, sim.bbu_recharge_w
         if sim.voltage.active:  # a UPS carrying its share from the BBUs (gridsim/ridethrough.py)
-            bbu_cmd = sim.voltage.bbu_commands(sim.bbu_threshold_w, sim.bbu_recharge_w, tray_w)
-            grid_rack_w = sim.bbus.step(dt, tray_w, *bbu_cmd, energized)
-        else:
-            grid_rack_w = sim.bbus.step(dt, tray_w, sim.bbu_threshold_w, sim.bbu_recharge_w, energized)
+            threshold_w, recharge_w = sim.voltage.bbu_commands(threshold_w, recharge_w, tray_w)
+        grid_rack_w = sim.bbus.step(dt, tray_w, threshold_w, recharge_w, energized)
         bess_w = sim.bess.step(dt, sim.bess_setpoint_w)
         # site.domain_load_w, into this tick's buffers
         np.cumsum(grid_rack_w, out=self.domain_csum[1:])

@@ -48,7 +48,7 @@ from dimmer.daemon.handles import (
 from dimmer.daemon.metrics import DaemonMetrics, RecentDurations
 from dimmer.daemon.netguard import ConnectionLimits
 from dimmer.daemon.observe import ObservationBuilder, Snapshot
-from dimmer.daemon.utility_ven import UtilityVen
+from dimmer.daemon.utility_ven import UtilityVen, bess_headroom_w
 from dimmer.daemon.writes import Write, audit_entries, do_write, plan_writes
 from dimmer.observation import Actions, Observation
 from dimmer.site import SiteModel
@@ -312,8 +312,4 @@ def sheddable_w(reports: BuildingReports, obs: Observation, site: SiteModel) -> 
     if not heard.any():
         return math.nan
     shed = float(np.sum(np.maximum(reports.group_w[heard] - reports.floor_w[heard], 0.0)))
-    bess = 0.0
-    if obs.bess_online and math.isfinite(obs.bess_soc_frac) and obs.bess_soc_frac > site.bess.soc_min_frac:
-        now = obs.bess_power_w if math.isfinite(obs.bess_power_w) else 0.0
-        bess = max(site.bess.power_w - max(now, 0.0), 0.0)
-    return shed + bess
+    return shed + bess_headroom_w(site, obs)

@@ -59,11 +59,16 @@ def available_flexibility_w(site: SiteModel, obs: Observation) -> float:
     if not seen.any():
         return math.nan
     shed = float(np.sum(np.maximum(obs.rack_power_w[seen] - floor_w[seen], 0.0)))
-    bess = 0.0
+    return shed + bess_headroom_w(site, obs)
+
+
+def bess_headroom_w(site: SiteModel, obs: Observation) -> float:
+    """The campus battery's discharge headroom: its rated power less what it gives now, while it is online and above
+    its SoC floor (0 otherwise)."""
     if obs.bess_online and math.isfinite(obs.bess_soc_frac) and obs.bess_soc_frac > site.bess.soc_min_frac:
         now = obs.bess_power_w if math.isfinite(obs.bess_power_w) else 0.0
-        bess = max(site.bess.power_w - max(now, 0.0), 0.0)
-    return shed + bess
+        return max(site.bess.power_w - max(now, 0.0), 0.0)
+    return 0.0
 
 
 class UtilityVen:
