@@ -804,3 +804,37 @@ def test_peak_readings_show_a_swing_only_once_a_reading_holds_both_its_phases() 
     assert not peaks.update(None, 63.0, ok, load, load).any() and np.isnan(peaks.now_w).all()
     peaks.hold(0.5)  # no new reading: the hold decays as the means' does
     assert peaks.held_w[:4].tolist() == [50.0] * 4
+
+
+def _import_after_a_fall(ramp_mw_per_min: float, after_w: float) -> tuple[float, list[float]]:
+    """A settled site with no battery falls from 600 W a GPU to `after_w`, its floors holding the GPUs up: the
+    import before the fall, and the import each second for one ramp window after it."""
+    site = _site(ramp_mw_per_min=ramp_mw_per_min)
+    ctrl = make_controller("dimmer", site, {"bess_level_s": 1.0})
+    for k in range(1, 121):
+        before_w = float(_obs(site, float(k), 600.0).pcc_power_w)
+        ctrl.step(_obs(site, float(k), 600.0))
+    act = ctrl.step(_obs(site, 121.0, after_w))
+    grid = []
+    for k in range(122, 122 + round(site.ramp_window_s)):
+        obs = _obs(site, float(k), np.maximum(after_w, act.rack_floor_w))
+        grid.append(float(obs.pcc_power_w))
+        act = ctrl.step(obs)
+    return before_w, grid
+
+
+def test_floors_fill_only_what_the_rule_itself_asks_not_the_margin() -> None:
+    """The margin (`ramp_margin_frac`) keeps a share of the ramp rule for the unplanned and the battery's recovery;
+    floors burn what they hold, so they lift a fall only to the rule's own bound, less what the rule may see of a
+    step inside a period: a fall within the whole budget passes unfilled, a larger one is held to the budget."""
+    budget_w = 0.05e6  # a 0.05 MW/min rule over a 60 s window
+    before_w, grid = _import_after_a_fall(0.05, 520.0)
+    fall_w = before_w - grid[-1]
+    assert 0.7 * budget_w < fall_w < budget_w  # inside the rule, beyond the margin: no floor
+    assert grid[0] == pytest.approx(grid[-1])
+    before_w, grid = _import_after_a_fall(0.05, 200.0)  # a fall of several budgets: floors hold it to one
+    mean_w = float(np.mean(grid))  # the window after the fall, against the settled window before it
+    assert before_w - mean_w <= budget_w * 1.001
+    # less what a window measured at an instant inside a period may see of the fall's own step (2 x 0.23 MW / 60 s,
+    # 0.14 of the budget here); the margin held it to 0.7 of the budget
+    assert before_w - mean_w >= 0.78 * budget_w

@@ -42,7 +42,8 @@ def test_a_crashed_jobs_return_is_held_for() -> None:
     the return (the hold's floors cost less than the return's climb would, at 30 kJ a GPU-second), the restart comes
     back at once. Released at the rule's pace (goodput worth nothing), the floors' energy is saved and the restart
     still holds every limit: its jobs come back at the start ceiling and go back up to their caps as the headroom
-    allows (2.2 % lost when they climbed at the slow cap rise; 0.002 % now)."""
+    allows (2.2 % lost when they climbed at the slow cap rise; 0.002 % with the floors at the margin's bound, 0.53 %
+    since they hold a fall only to the rule's whole budget: the import falls further before the return)."""
     s = summarize(run(load_scenario(FAULTS / "bess-offline.toml"), controller="dimmer"))
     assert s["ramp_violation_s"] == 0.0 and s["pcc_overlimit_s"] == 0.0
     assert s["goodput_loss_power_pct"] < 0.1
@@ -51,4 +52,4 @@ def test_a_crashed_jobs_return_is_held_for() -> None:
     )
     assert released["ramp_violation_s"] == 0.0 and released["pcc_overlimit_s"] == 0.0
     assert released["energy_overhead_pct"] < s["energy_overhead_pct"]
-    assert released["goodput_loss_power_pct"] < 0.1
+    assert released["goodput_loss_power_pct"] < 1.0

@@ -570,15 +570,21 @@ class DimmerController:
         self.ramp_room.push(float(domain_w[0]) + (self.ffr.order_w if self.ffr is not None else 0.0))
         ramp_budget_w = p.ramp_margin_frac * ramp_w_per_min * site.ramp_window_s / 60.0
         room_lo_w, room_hi_w = self.ramp_room.bounds(ramp_budget_w)
+        # The margin keeps a share of the rule for the unplanned and the battery's SoC recovery: the battery holds a
+        # fall to it, since what it takes is stored, but the floors, which burn what they hold, fill only as far
+        # as the rule itself asks, less what it may see of a step inside a period (where they burn, the battery
+        # already charges at its limit, so the recovery has no share to take, and a battery that reverts then is a
+        # step no margin covers; docs/controller.md)
+        rule_budget_w = ramp_w_per_min * site.ramp_window_s / 60.0
+        rule_lo_w = self.ramp_room.bounds(max(rule_budget_w - self.ramp_room.straddle_w(), ramp_budget_w))[0]
         # (a stopped job's return: the battery at its plan takes what it can of the rise)
         with_return_w = max(bus_w, bus_now_w) + return_w - max(discharge_plan_w, bess_now_w)
         climb_w_per_s = ramp_budget_w / site.ramp_window_s
-        room_lo_w = max(
-            room_lo_w,
-            self.return_hold.level_w(return_w, return_gpus, with_return_w, room_lo_w, ramp_budget_w, climb_w_per_s, dt),
-        )
+        held_lo_w = self.return_hold.level_w(return_w, return_gpus, with_return_w, rule_lo_w, ramp_budget_w,
+                                             climb_w_per_s, dt)  # fmt: skip
         if math.isfinite(obs.import_floor_w):
-            room_lo_w = max(room_lo_w, obs.import_floor_w)  # the parent's floor: its ramp rule, met here
+            held_lo_w = max(held_lo_w, obs.import_floor_w)  # the parent's floor: its ramp rule, met here
+        room_lo_w = max(room_lo_w, held_lo_w)
         # what this site tells a parent of itself (a building to its campus coordinator): the most its racks may draw
         # at the caps in force (in all, and each rack), the prior's share of it (peaks no reading measured), whether
         # every running rack's peak is measured, what its stopped jobs would add back on how many GPUs, and which
@@ -642,7 +648,8 @@ class DimmerController:
         grid_cut = max(min(bus_now_w, bus_w, float(under_caps_w[0])) - bess_w - room_hi_w, 0.0)
         # and what it leaves below is filled (the higher of the level and the latest reading: the level's window
         # still holds readings from before the floors it asked for, and would ask for them again)
-        fill_w = max(room_lo_w - (max(bus_w, bus_now_w) - bess_w), 0.0)
+        fill_lo_w = min(max(rule_lo_w, held_lo_w), room_lo_w)
+        fill_w = max(fill_lo_w - (max(bus_w, bus_now_w) - bess_w), 0.0)
         # (a fall within a sliver of the limit passes: a floor set from a reading lifts the troughs under it)
         fill_deadband_w = p.fill_deadband_frac * obs.pcc_limit_w
         # fast frequency response (ffr.py): the droop's order laid on the plan, the battery first, then the caps

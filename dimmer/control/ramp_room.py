@@ -81,6 +81,16 @@ class RampRoom:
             lo = hi = 0.5 * (lo + hi)
         return lo, hi
 
+    def straddle_w(self) -> float:
+        """How far the rule, which measures its windows at every instant, may see a window mean off the mean of whole
+        periods of readings: a window that starts or ends inside a period holds only part of it, so a change from
+        one period to the next moves what it measures by up to that change times the share of a period in a
+        window, at each of its two ends."""
+        h = self.history_w[np.isfinite(self.history_w)]
+        if h.shape[0] < 2:
+            return 0.0
+        return 2.0 * float(np.max(np.abs(np.diff(h)))) / self.n
+
 
 class ReturnHold:
     """The import held within one ramp budget of what stopped jobs would draw on their return, while that is the
