@@ -22,12 +22,12 @@ from dimmer.site import SiteModel, build_site
 from dimmer.siteconfig import JobPlacementSpec, LevelSpec, PccSpec, SiteSpec
 
 
-def _site(bess_mw: float = 0.0, ramp_mw_per_min: float = 60.0) -> SiteModel:
+def _site(bess_mw: float = 0.0, ramp_mw_per_min: float = 60.0, row_kw: float = 400.0) -> SiteModel:
     """Two rows of 4 GB300 racks (~126 kW each at full power); each row rated 400 kW, so a full row is over."""
     spec = SiteSpec(
         pcc=PccSpec(limit_mw=5.0, ramp_mw_per_min=ramp_mw_per_min),
         spare_rack_frac=0.0,
-        levels=[LevelSpec(level="row", count=2, rating_kw=400), LevelSpec(level="rack", count=4)],
+        levels=[LevelSpec(level="row", count=2, rating_kw=row_kw), LevelSpec(level="rack", count=4)],
         storage={"bess": {"power_mw": bess_mw, "energy_mwh": bess_mw / 2}},  # type: ignore[arg-type]
     )
     jobs = [
@@ -730,18 +730,19 @@ def test_a_rack_not_yet_heard_from_is_held_like_a_lost_reading_not_sent_to_the_s
     """One rack's reading lost in the first period (its source says it is 1 s old): the rack is planned at its
     maximum and its job is not sent to the safe cap (late-lossy-meters at seed 1: a 3,776-GPU job capped at 840 W,
     climbing back for 39 s). Still unheard after stale_s, or reported older than stale_s (a device never read): the
-    safe cap, as a stale rack."""
+    safe cap, as a stale rack, where that rack at its maximum could take its row past its soft level (the others
+    at 700 W)."""
     site = _site()
     pretrain = site.job_name.index("pretrain")
     rack = int(np.flatnonzero(site.rack_job == pretrain)[0])
-    lost = np.full(site.n_racks, 600.0)
+    lost = np.full(site.n_racks, 700.0)
     readings = site.rack_power_w(lost)
     readings[rack] = np.nan
 
     def pretrain_cap(ctrl: DimmerController, t_s: float, age_s: float) -> float:
         ages = np.full(site.n_racks, 1.0)
         ages[rack] = age_s
-        act = ctrl.step(_obs(site, t_s, 600.0, rack_power_w=readings, rack_load_w=readings, rack_age_s=ages))
+        act = ctrl.step(_obs(site, t_s, 700.0, rack_power_w=readings, rack_load_w=readings, rack_age_s=ages))
         return float(act.rack_cap_w[rack])
 
     ctrl = make_controller("dimmer", site)
@@ -752,6 +753,25 @@ def test_a_rack_not_yet_heard_from_is_held_like_a_lost_reading_not_sent_to_the_s
     never = make_controller("dimmer", site)
     assert isinstance(never, DimmerController)
     assert pretrain_cap(never, 1.0, math.inf) <= never.safe_cap_w  # a device never read: stale at once
+
+
+def test_a_stale_rack_that_could_break_no_limit_keeps_its_cap() -> None:
+    """The safe cap guards a domain against a rack whose draw is unknown. Where the rack at its maximum, with the
+    others at their bounds, leaves every domain under its soft level, it guards nothing: the job keeps its cap (a
+    rack meter 4 s late that lost two readings in a row sent a job on a half-loaded site to the safe cap for 60 % of a
+    run, 12 % of its GPU time). The same rack under a row it could take past its soft level goes to the safe cap."""
+
+    def rl_cap_when_a_rack_is_stale(row_kw: float) -> float:
+        site = _site(row_kw=row_kw)
+        ctrl = make_controller("dimmer", site, {"safe_cap_frac": 0.6})
+        ctrl.step(_obs(site, 1.0, 700.0))
+        age = np.full(site.n_racks, 1.0)
+        age[5] = 60.0  # an rl rack stopped reporting
+        return _job_caps(site, ctrl.step(_obs(site, 2.0, 700.0, rack_age_s=age)).rack_cap_w)["rl"]
+
+    rated = _site().gpu.rated_w
+    assert rl_cap_when_a_rack_is_stale(1000.0) == rated  # four racks at their maximum fit a 1 MW row
+    assert rl_cap_when_a_rack_is_stale(400.0) <= 0.6 * rated  # three at 700 W and one at its maximum do not
 
 
 def test_a_cap_at_the_swing_s_peak_binds_though_the_means_sit_under_it() -> None:

@@ -1,7 +1,7 @@
 """The dimmer controller under arbitrary observation sequences: it never raises, caps stay in the GPU's range,
 floors stay under caps, a rack without a fresh reading never has its cap raised, and one without a reading for
-stale_s is at the safe cap. And the PCC meter check never overrides a healthy meter, whatever the load, the battery,
-the unmetered overhead and the limit do."""
+stale_s is at the safe cap unless, at its maximum, it could take no domain past its rating. And the PCC meter
+check never overrides a healthy meter, whatever the load, the battery, the unmetered overhead and the limit do."""
 
 from __future__ import annotations
 
@@ -89,6 +89,7 @@ def _check_rack_rules(ctrl: Controller, site: SiteModel, steps: list[dict[str, A
     """Step `ctrl` through `steps` and check every rack's rules each period. `pcc_counts`: a missing PCC reading
     holds every cap too (the flat controller's; a building of dimmer-campus reads its own meter instead)."""
     gpu = site.gpu
+    rack_max = site.rack_max_w()
     t = 0.0
     prev_cap = np.full(site.n_racks, gpu.rated_w)
     held = np.zeros(site.n_racks, dtype=bool)  # a fresh reading has arrived once: the controller holds a value
@@ -113,7 +114,17 @@ def _check_rack_rules(ctrl: Controller, site: SiteModel, steps: list[dict[str, A
         not_fresh = ~np.isfinite(s["gpu_w"]) | (s["age_s"] > 5.0) | pcc_nan
         assert np.all(cap[not_fresh] <= prev_cap[not_fresh] + 1e-9), "a cap was raised without a fresh reading"
         stale = (s["age_s"] > 5.0) | (~held & ~grace) | pcc_nan
-        assert np.all(cap[stale] <= 0.6 * gpu.rated_w + 1e-9) or gpu.min_cap_w > 0.6 * gpu.rated_w
+        # a stale rack keeps a cap above the safe one only where, at its maximum, it could take no domain above it
+        # past its rating: the controller's worst case (the other racks at their bounds, no lower than their readings
+        # under their maxima; the campus with its overhead; soft levels at most the ratings) is no lower than this
+        kept = stale & (cap > 0.6 * gpu.rated_w + 1e-9) & (gpu.min_cap_w <= 0.6 * gpu.rated_w)
+        if kept.any():
+            assert not pcc_nan, "a missing PCC reading sends every rack to the safe cap"
+            reading = np.clip(np.nan_to_num(s["gpu_w"], nan=0.0), 0.0, rack_max)
+            lowest_worst = site.domain_load_w(np.where(stale, rack_max, reading))
+            limit = site.domain_rating_w * s["limit_scale"]
+            under = (site.incidence @ kept.astype(np.float64)) > 0
+            assert np.all(lowest_worst[under] <= limit[under] * (1 + 1e-9)), "a stale rack that matters kept its cap"
         prev_cap = cap
 
 

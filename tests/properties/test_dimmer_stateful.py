@@ -10,8 +10,9 @@ control step, and after every step:
 - the controller did not raise, and every action is finite;
 - every rack cap is within [min_cap, rated]; every floor within [0, min(cap, 0.9 rated)];
 - a rack whose telemetry was stale or missing (or every rack while the PCC meter is missing) never had its cap
-  raised, and sits at or below the safe cap; but for a rack not yet heard from whose source says its reading is
-  recent, within stale_s of the controller's first step: it is held (planned at its maximum), its cap not raised;
+  raised, and sits at or below the safe cap unless, drawing its maximum, it could take no domain past its rating;
+  and for a rack not yet heard from whose source says its reading is recent, within stale_s of the controller's
+  first step: it is held (planned at its maximum), its cap not raised;
 - the battery setpoint is within +/- its power (zero while offline or absent);
 - the planned load holds the ratings where load can still be shed (see `_check_plan` for the exact statement).
 """
@@ -168,7 +169,17 @@ def check_actions(
     stale = ~np.isfinite(obs.rack_power_w) | (obs.rack_age_s > STALE_S) | (not pcc_ok)
     assert np.all(cap[stale] <= prev_cap[stale] + 1e-9), "a stale rack's cap was raised"
     flagged = stale & ~held_unheard if held_unheard is not None and pcc_ok else stale
-    assert np.all(cap[flagged] <= ctrl.safe_cap_w + 1e-9), "a stale rack's cap is above the safe cap"
+    # ... unless, at its maximum, it could take no domain above it past its rating (the controller's worst case puts
+    # the other racks at their bounds, no lower than their readings under their maxima: this is no higher than it)
+    kept = flagged & (cap > ctrl.safe_cap_w + 1e-9)
+    if kept.any():
+        assert pcc_ok, "a missing PCC reading sends every rack to the safe cap"
+        rack_max = site.rack_max_w()
+        reading = np.clip(np.nan_to_num(obs.rack_power_w, nan=0.0), 0.0, rack_max)
+        lowest_worst = site.domain_load_w(np.where(flagged, rack_max, reading))
+        under = (site.incidence @ kept.astype(np.float64)) > 0
+        limit = obs.domain_limit_w[under]
+        assert np.all(lowest_worst[under] <= limit * (1 + 1e-9)), "a stale rack that matters is above the safe cap"
     _check_plan(site, ctrl, obs, act, quiet_steps)
 
 
