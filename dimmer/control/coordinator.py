@@ -213,11 +213,9 @@ class CampusCoordinator:
         ret_w, ret_gpus = float(rep.return_w[heard].sum()), float(rep.return_gpus[heard].sum())
         with_return = max(bus_w, bus_now) + ret_w - max(discharge_plan, bess_now)
         climb = budget / self.ramp_window_s
-        # (the battery holds a fall to the margin's bound, the floors only to the rule's own, as dimmer.py does)
-        rule_budget = self.ramp_limit_w_per_min * self.ramp_window_s / 60.0
-        rule_lo = self.ramp_room.bounds(max(rule_budget - self.ramp_room.straddle_w(), budget))[0]
-        held_lo = self.return_hold.level_w(ret_w, ret_gpus, with_return, rule_lo, budget, climb, dt)
-        lo = max(lo, held_lo)
+        # (the floors to the margin's bound, with the battery: the flat controller fills only to the rule's own, but
+        # a coordinator's floor is a building's a link and a building period later, and the margin covers that lag)
+        lo = max(lo, self.return_hold.level_w(ret_w, ret_gpus, with_return, lo, budget, climb, dt))
         # jobs held back by their caps: a capped rack's demand is its rated power, so any is one
         slack = s.slack_frac * self.max_w
         held_back = float(np.sum(np.maximum(base + demand.sum(axis=1) - bound, 0.0))) > 1e-3 * float(self.max_w.sum())
@@ -293,7 +291,7 @@ class CampusCoordinator:
             slack = slack * (free_w / slack_w)
         ceiling = np.where(heard, alloc + slack, safe)
         over_w = max(bound_total - overhead_w - room, 0.0)
-        fill_w = max(min(max(rule_lo, held_lo), lo) - (max(bus_w, bus_now) - bess_w), 0.0)
+        fill_w = max(lo - (max(bus_w, bus_now) - bess_w), 0.0)
         if fill_w <= s.fill_deadband_frac * pcc_limit_w:
             fill_w = 0.0
         total_fill = float(fill_cap.sum())
