@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from dimmer.errors import InputError
-from gridsim.plant.rack_spread import compute_fraction, measure_pair
+from gridsim.plant.rack_spread import RackSpread, compute_fraction, measure_pair, rack_levels
 from gridsim.plant.trace import load_nvsmi_trace
 from gridsim.plant.workload import BackgroundSpec, CheckpointSpec, JobSpec, Workload
 from gridsim.scenario import validate_scenario
@@ -106,6 +106,42 @@ def test_compute_fraction_is_the_share_of_the_interval_in_compute() -> None:
     late = compute_fraction(np.array(0.05), np.array(0.1), L, on, np.array(0.03))
     early = compute_fraction(np.array(0.05), np.array(0.1), L, on, np.array(-0.03))
     assert late == pytest.approx(0.2) and early == pytest.approx(0.8)
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), ticks=st.integers(1, 12), skew=st.floats(0.0, 0.3), spread=st.floats(0.0, 0.5))
+def test_rack_levels_of_a_block_are_its_ticks_and_the_plain_formula(
+    seed: int, ticks: int, skew: float, spread: float
+) -> None:
+    """Only racks of a job at an edge take the formula; the rest read peak or trough. A block of ticks gives what
+    its ticks give one at a time, to the bit, and both are the formula on every rack, to rounding."""
+    rng = np.random.default_rng(seed)
+    jobs = [
+        job(f"j{i}", (2 * i, 2 * i + 2), rack_phase_skew_s=skew, rack_amplitude_spread_frac=spread) for i in range(4)
+    ]
+    site = make_site(jobs)
+    n = len(jobs)
+    peak = rng.uniform(600, RATED_W, n)
+    trough = peak * rng.uniform(0.3, 1.0, n)
+    sp = RackSpread.build(site, jobs, rng, peak, trough, IDLE_W, RATED_W)
+    if sp is None:
+        assert skew == 0 and spread == 0
+        return
+    length = rng.uniform(0.7, 3.0, (ticks, n))
+    on = length * rng.uniform(0.2, 1.0, (ticks, n))
+    phase = length * rng.random((ticks, n))
+    phase[rng.random((ticks, n)) < 0.2] = 0.0  # a tick that has just wrapped
+    step = np.where(rng.random((ticks, n)) < 0.1, 0.0, rng.uniform(0.0, 0.1, (ticks, n)))
+    running = rng.random(n) < 0.8
+    held = rng.uniform(IDLE_W, RATED_W, (ticks, n))
+    block = rack_levels(sp, phase, step, length, on, running, held, IDLE_W, RATED_W)
+    for t in range(ticks):
+        one = rack_levels(sp, phase[t], step[t], length[t], on[t], running, held[t], IDLE_W, RATED_W)
+        assert np.array_equal(one, block[t])
+    j = sp.job
+    frac = compute_fraction(phase[:, j], step[:, j], length[:, j], on[:, j], sp.offset_s)
+    plain = np.clip(sp.trough_w + sp.swing_w * frac, IDLE_W, RATED_W)
+    np.testing.assert_allclose(block, np.where(running[j], plain, held[:, j]), rtol=1e-9)
 
 
 # ------------------------------------------------------------------------------------------------ energy

@@ -49,15 +49,33 @@ class RackSpreadFields(Protocol):
 
 @dataclass(frozen=True)
 class RackSpread:
-    """The running racks of jobs whose racks are not in lockstep, as a table: `(k,)` per rack."""
+    """The running racks of jobs whose racks are not in lockstep, as a table: `(k,)` per rack, `(n_jobs,)` per job."""
 
     rack: IntArray  # rack index on the site
     job: IntArray  # its job
     offset_s: FloatArray  # fixed phase lag behind the job's phase (seconds of progress; negative: ahead)
     gain: FloatArray  # multiplier on the job's swing (peak - trough); the job's racks average 1
+    trough_w: FloatArray  # the rack's level in its trough (its job's)
+    swing_w: FloatArray  # gain * (peak - trough): what a whole tick in compute adds
+    peak_w: FloatArray  # the rack's level over a whole tick in compute: clip(trough + swing)
+    jobs_on: IntArray  # (m,) the jobs with a spread: the only ones whose phase is read
+    slot: IntArray  # (k,) the rack's job's place in jobs_on; the table is sorted by it
+    count: IntArray  # (m,) racks of each job on, in the table
+    start: IntArray  # (m,) where each job's racks begin in the table
+    job_lead_s: FloatArray  # (m,) per job on, the most negative offset of its racks
+    job_lag_s: FloatArray  # (m,) per job on, the largest offset
 
     @classmethod
-    def build(cls, site: SiteModel, jobs: Sequence[RackSpreadFields], rng: np.random.Generator) -> RackSpread | None:
+    def build(
+        cls,
+        site: SiteModel,
+        jobs: Sequence[RackSpreadFields],
+        rng: np.random.Generator,
+        peak_w: FloatArray,
+        trough_w: FloatArray,
+        idle_w: float,
+        rated_w: float,
+    ) -> RackSpread | None:
         """The table for `site`, drawn once from `rng`; None where every job's racks run in lockstep.
 
         One uniform and one normal are drawn for every rack of the site, whether used or not, so a rack's
@@ -69,6 +87,7 @@ class RackSpread:
         on = (skew > 0) | (spread > 0)
         if not on.any():
             return None
+        n = len(jobs)
         u = rng.random(site.n_racks)
         z = np.clip(rng.standard_normal(site.n_racks), -_Z_CLIP, _Z_CLIP)
         rj = site.rack_job
@@ -77,11 +96,29 @@ class RackSpread:
         job = rj[rack].astype(np.int64)
         z = z[rack]
         # centre each job's draws: the job's racks' gains average exactly 1 (up to rounding)
-        count = np.bincount(job, minlength=len(jobs)).astype(np.float64)
-        z_mean = np.bincount(job, weights=z, minlength=len(jobs)) / np.maximum(count, 1.0)
+        per_job = np.bincount(job, minlength=n).astype(np.float64)
+        z_mean = np.bincount(job, weights=z, minlength=n) / np.maximum(per_job, 1.0)
         gain = 1.0 + spread[job] * (z - z_mean[job])
         offset = (u[rack] - 0.5) * skew[job]
-        return cls(rack=rack, job=job, offset_s=offset, gain=gain)
+        jobs_on = np.flatnonzero(on)
+        slot = np.searchsorted(jobs_on, job)
+        # sorted by job, so that a per-job value reaches the job's racks as one np.repeat, not a gather
+        order = np.argsort(slot, kind="stable")
+        rack, job, slot, offset, gain = rack[order], job[order], slot[order], offset[order], gain[order]
+        count = np.bincount(slot, minlength=jobs_on.size).astype(np.int64)
+        start = (np.cumsum(count) - count).astype(np.int64)
+        lead, lag = np.zeros(jobs_on.size), np.zeros(jobs_on.size)
+        np.minimum.at(lead, slot, offset)
+        np.maximum.at(lag, slot, offset)
+        trough = trough_w[job]
+        swing = gain * (peak_w[job] - trough)
+        peak = _level(trough, swing, np.ones(rack.size), idle_w, rated_w)
+        return cls(rack, job, offset, gain, trough, swing, peak, jobs_on, slot, count, start, lead, lag)
+
+
+def _level(trough_w: FloatArray, swing_w: FloatArray, frac: FloatArray, idle_w: float, rated_w: float) -> FloatArray:
+    # clipped like every demand: a gain far above 1 on a job near rated meets the ceiling
+    return np.minimum(np.maximum(trough_w + swing_w * frac, idle_w), rated_w)
 
 
 def compute_fraction(
@@ -109,20 +146,51 @@ def rack_levels(
     step_s: FloatArray,
     iter_len_s: FloatArray,
     on_len_s: FloatArray,
-    peak_w: FloatArray,
-    trough_w: FloatArray,
+    running: npt.NDArray[np.bool_],
+    job_level_w: FloatArray,
     idle_w: float,
     rated_w: float,
 ) -> FloatArray:
-    """Per-GPU level of each rack of `sp` while its job runs: trough + gain * (peak - trough) * compute fraction.
+    """Per-GPU level of each rack of `sp`: its tick mean while its job runs, the job's level while it does not.
 
-    The job arrays are `(n_jobs,)` for one tick or `(T, n_jobs)` for a block; the result is `(k,)` or `(T, k)`.
-    Clipped to [idle, rated] like every demand (a gain far above 1 on a job near rated meets the ceiling)."""
-    j = sp.job
-    frac = compute_fraction(phase_s[..., j], step_s[..., j], iter_len_s[..., j], on_len_s[..., j], sp.offset_s)
-    trough = trough_w[j]
-    level = trough + sp.gain * (peak_w[j] - trough) * frac
-    return np.minimum(np.maximum(level, idle_w), rated_w)
+    The job arrays are `(n_jobs,)` for one tick, or `(T, n_jobs)` for a block of T ticks (`running` is `(n_jobs,)`
+    either way); the result is `(k,)` or `(T, k)`. Only racks whose job has a rack at an edge in a tick (the union
+    of its racks' intervals crosses a phase boundary) go through `compute_fraction`; the rest of a job's racks are
+    all in compute or all in the trough, read from the per-rack table. Each element is the same arithmetic however
+    many ticks are asked at once, so a block gives what its ticks give one by one, to the bit."""
+    shape = (*np.shape(phase_s)[:-1], sp.rack.size)
+    jobs = sp.jobs_on  # (a trace job's period is infinite: never read here)
+    phase = np.atleast_2d(phase_s)[:, jobs]
+    step = np.atleast_2d(step_s)[:, jobs]
+    length = np.atleast_2d(iter_len_s)[:, jobs]
+    on = np.atleast_2d(on_len_s)[:, jobs]
+    run = running[jobs]
+    # per job and tick: where the earliest rack's interval starts and the latest's ends, in the job's iteration
+    lo = phase - step - sp.job_lag_s
+    hi = phase - sp.job_lead_s
+    k_lo = np.floor(lo / length)
+    k_hi = np.floor(hi / length)
+    same = k_lo == k_hi
+    in_compute = same & (hi - k_hi * length < on)
+    in_trough = same & (lo - k_lo * length >= on)
+    edge = ~(in_compute | in_trough) & run
+    count = sp.count
+    level = np.where(np.repeat(in_compute, count, axis=1), sp.peak_w, sp.trough_w)
+    if not run.all():
+        held = np.repeat(np.atleast_2d(job_level_w)[:, jobs], count, axis=1)
+        level = np.where(np.repeat(run, count), level, held)
+    tick, slot = np.nonzero(edge)  # (tick, job) pairs with a rack at an edge: their racks, one block each
+    if tick.size:
+        n_racks = count[slot]
+        rows = np.repeat(tick, n_racks)
+        cols = np.repeat(sp.start[slot] - (np.cumsum(n_racks) - n_racks), n_racks) + np.arange(rows.size)
+
+        def each(x: FloatArray) -> FloatArray:  # a (tick, job) value to each of the job's racks
+            return np.repeat(x[tick, slot], n_racks)
+
+        frac = compute_fraction(each(phase), each(step), each(length), each(on), sp.offset_s[cols])
+        level[rows, cols] = _level(sp.trough_w[cols], sp.swing_w[cols], frac, idle_w, rated_w)
+    return level.reshape(shape)
 
 
 @dataclass(frozen=True)

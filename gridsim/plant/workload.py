@@ -247,7 +247,7 @@ class Workload:
         spread_rng = (
             rack_rng if rack_rng is not None else np.random.default_rng(np.random.SeedSequence(0, spawn_key=(2,)))
         )
-        self._spread = RackSpread.build(site, jobs, spread_rng)
+        self._spread = RackSpread.build(site, jobs, spread_rng, self._peak_w, self._trough_w, idle, rated)
         self._last_step = np.zeros(n)  # progress the last tick added, per job: the interval a rack's mean covers
 
         # background on racks with no job
@@ -324,18 +324,17 @@ class Workload:
         out = np.take(self._level_w, self._rack_slot, out=out)
         sp = self._spread
         if sp is not None:  # racks out of lockstep: each its own tick mean while its job runs
-            lv = rack_levels(
+            out[sp.rack] = rack_levels(
                 sp,
                 self._iter_phase_s,
                 self._last_step,
                 self._iter_len_s,
                 self._on_len_s,
-                self._peak_w,
-                self._trough_w,
+                self._running,
+                self._job_level_w,
                 self.idle_w,
                 self.rated_w,
             )
-            out[sp.rack] = np.where(self._running[sp.job], lv, self._level_w[sp.job])
         if self._bg_on:
             out[self._bg_rack] = self._bg_level_w
         return out

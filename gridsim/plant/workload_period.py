@@ -130,8 +130,9 @@ def advance_ticks(wl: Workload, dt: float, steps: FloatArray, job_suspend: BoolA
     demand: FloatArray = np.take(level, wl._rack_slot, axis=1)
     sp = wl._spread
     if sp is not None:  # racks out of lockstep: rack_demand_w's tick means, the same elementwise arithmetic
-        lv = rack_levels(sp, phase, steps, iter_len, on_len, wl._peak_w, wl._trough_w, wl.idle_w, wl.rated_w)
-        demand[:, sp.rack] = np.where(wl._running[sp.job], lv, level[:, sp.job])
+        demand[:, sp.rack] = rack_levels(
+            sp, phase, steps, iter_len, on_len, wl._running, level[:, :n], wl.idle_w, wl.rated_w
+        )
     wl._last_step = steps[-1].copy()
 
     if bg_on:
