@@ -14,9 +14,10 @@ k = floor(x / L): the current iteration's period L and compute length `on`, cont
 which is exact while |offset| + step stays within the neighbouring phases (the job spec keeps the skew below half an
 iteration). Where the step is zero (a stalled job) the level is the point sample at the shifted phase.
 
-Everything here is elementwise over arrays that broadcast, so one function serves a tick `(k,)` in
-`Workload.rack_demand_w` and a block of ticks `(T, k)` in `workload_period.advance_ticks`, to the bit: the two paths
-must give the same numbers. docs/models.md gives the measured defaults and their sources.
+Most ticks find all of a job's racks on one side of an edge; those read their peak or trough from a table sorted by
+job, and only the racks of a job at an edge take the formula. Each element is computed by the same arithmetic
+whether one tick `(k,)` is asked (`Workload.rack_demand_w`) or a block `(T, k)` (`workload_period.advance_ticks`),
+so the two paths give the same numbers, to the bit. docs/models.md gives the measured defaults and their sources.
 """
 
 from __future__ import annotations

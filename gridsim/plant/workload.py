@@ -90,7 +90,7 @@ class JobSpec(JobPlacementSpec, TraceFields):
             raise ValueError("kind = 'trace' needs trace_path")
         if self.stop_s is not None and self.stop_s <= (self.start_s or 0.0):
             raise ValueError("stop_s must be after start_s")
-        if self.rack_phase_skew_s >= 0.5 * self.iteration_s:
+        if self.kind == "synthetic" and self.rack_phase_skew_s >= 0.5 * self.iteration_s:
             raise ValueError(
                 f"rack_phase_skew_s must be below half of iteration_s ({self.rack_phase_skew_s} s"
                 f" against {self.iteration_s} s): a collective aligns the racks every iteration"
