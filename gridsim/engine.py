@@ -176,13 +176,21 @@ class Simulation:
         self.site = site
         self.ctrl = ctrl
         self.seed = seed
-        streams = np.random.SeedSequence(seed).spawn(2)
+        # workload, telemetry, the racks' fixed spread (spawn keys 0, 1, 2: adding the third moved neither other)
+        streams = np.random.SeedSequence(seed).spawn(3)
         self.rng_telemetry = np.random.default_rng(streams[1])
         jobs = [
             j.model_copy(update={"trace_path": str(loaded.resolve(j.trace_path))}) if j.trace_path else j
             for j in sc.jobs
         ]
-        self.workload = Workload(site, jobs, sc.background, np.random.default_rng(streams[0]), loaded.source)
+        self.workload = Workload(
+            site,
+            jobs,
+            sc.background,
+            np.random.default_rng(streams[0]),
+            loaded.source,
+            rack_rng=np.random.default_rng(streams[2]),
+        )
         self.gpus = GpuBank(site, sc.gpu)
         self.trays = CapacitorTrays(site)
         self.bbus = RackBbus(site)

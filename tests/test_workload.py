@@ -48,7 +48,11 @@ def make_site(jobs: list[JobSpec], rows: int = 2, racks_per_row: int = 4, spare:
 
 
 def job(name: str = "j", racks: tuple[int, int] = (0, 4), **kw: Any) -> JobSpec:
+    """A job whose racks run in lockstep (no rack spread) unless `kw` says otherwise: tests/test_rack_spread.py
+    covers the spread; here the exact peak, trough and edges of the swing are what is checked."""
     base: dict[str, Any] = {"jitter_frac": 0.0, "ramp_s": 0.0, "restart_ramp_s": 0.0, "start_s": 0.0}
+    if kw.get("kind", "synthetic") == "synthetic":
+        base.update(rack_phase_skew_s=0.0, rack_amplitude_spread_frac=0.0)
     base.update(kw)
     return JobSpec(name=name, racks=racks, **base)
 

@@ -1,11 +1,12 @@
 """Training workload: per-GPU power demand (uncapped) of every rack, a job state machine, goodput accounting.
 
-A synchronous training job runs all its GPUs in lockstep: each iteration is a compute phase at the job's peak
+A synchronous training job runs all its GPUs in step: each iteration is a compute phase at the job's peak
 power followed by a communication trough. The phase advances with the job's *progress* (work seconds), not
-wall time, so every rack of a job shows the same demand at the same instant and a capped (slowed) job's
-iterations get longer. Around that swing a state machine adds the transients that move tens of megawatts:
-start/stop ramps, synchronous checkpoint stalls, interruptions (random failures, or a rack losing power) with
-recovery, rollback to the last checkpoint and a restart surge, and suspension by a hard-stop controller.
+wall time, so a capped (slowed) job's iterations get longer. Its racks keep fixed small phase offsets and swing
+gains (gridsim/plant/rack_spread.py; both zero: every rack shows the same demand at the same instant).
+Around that swing a state machine adds the transients that move tens of megawatts: start/stop ramps, synchronous
+checkpoint stalls, interruptions (random failures, or a rack losing power) with recovery, rollback to the last
+checkpoint and a restart surge, and suspension by a hard-stop controller.
 
 Per tick the model does a fixed handful of numpy operations over jobs and one gather to racks; Python code
 runs only when a job changes state (an event). docs/models.md gives the equations and their sources.
@@ -32,6 +33,7 @@ from pydantic import Field, model_validator
 
 from dimmer.site import SiteModel
 from dimmer.siteconfig import JobPlacementSpec, Strict
+from gridsim.plant.rack_spread import RackSpread, rack_levels
 from gridsim.plant.trace_map import TraceCache, TraceFields, trace_levels
 
 FloatArray = npt.NDArray[np.float64]
@@ -62,8 +64,13 @@ class JobSpec(JobPlacementSpec, TraceFields):
     swing_frac: float = Field(default=0.35, ge=0, le=1)
     iteration_s: float = Field(default=2.0, gt=0, le=600)  # 0.3-5 s (Choukse et al. 2025)
     compute_frac: float = Field(default=0.7, gt=0, le=1)  # share of each iteration at peak (assumption)
-    # std of the per-iteration period stretch, the whole job in lockstep (assumption)
+    # std of the per-iteration period stretch, the whole job in lockstep (assumption); separate jobs drift apart
     jitter_frac: float = Field(default=0.02, ge=0, le=0.3)
+    # the racks' fixed phase offsets lie within this of each other (a collective re-aligns them every iteration);
+    # measured: two data-parallel GPUs' transitions within 10 ms (docs/models.md, gridsim/plant/rack_spread.py)
+    rack_phase_skew_s: float = Field(default=0.01, ge=0)
+    # std of a per-rack multiplier on the swing: 0.10 between two measured GPUs, / sqrt(64 GPUs a rack)
+    rack_amplitude_spread_frac: float = Field(default=0.013, ge=0, lt=1)
     # None: already running, in step, when the run begins; a time: idle until then, then the start ramp
     start_s: float | None = Field(default=None, ge=0)
     stop_s: float | None = None
@@ -83,6 +90,15 @@ class JobSpec(JobPlacementSpec, TraceFields):
             raise ValueError("kind = 'trace' needs trace_path")
         if self.stop_s is not None and self.stop_s <= (self.start_s or 0.0):
             raise ValueError("stop_s must be after start_s")
+        if self.kind == "synthetic" and self.rack_phase_skew_s >= 0.5 * self.iteration_s:
+            raise ValueError(
+                f"rack_phase_skew_s must be below half of iteration_s ({self.rack_phase_skew_s} s"
+                f" against {self.iteration_s} s): a collective aligns the racks every iteration"
+            )
+        if self.kind == "trace":  # a measured trace carries its own shape: the spread is for synthetic jobs
+            for key in ("rack_phase_skew_s", "rack_amplitude_spread_frac"):
+                if key in self.model_fields_set and getattr(self, key) > 0:
+                    raise ValueError(f"{key} applies to kind = 'synthetic' jobs only (a trace replays as measured)")
         return self
 
 
@@ -155,6 +171,7 @@ class Workload:
         background: BackgroundSpec,
         rng: np.random.Generator,
         source: str = "scenario",
+        rack_rng: np.random.Generator | None = None,
     ) -> None:
         if len(jobs) != site.n_jobs:
             raise ValueError(f"{len(jobs)} job specs for a site with {site.n_jobs} jobs placed")
@@ -225,6 +242,13 @@ class Workload:
         self._rack_peak_w = job_peak[np.where(rj >= 0, rj, n)]
         self._level_w = np.full(n + 1, idle)
         self._job_level_w = self._level_w[:n]  # a view
+        # racks of a job out of lockstep: their own generator, so that the job's stream (jitter, failures) is
+        # the same whether the spread is on or off; fixed seed where the caller gives none
+        spread_rng = (
+            rack_rng if rack_rng is not None else np.random.default_rng(np.random.SeedSequence(0, spawn_key=(2,)))
+        )
+        self._spread = RackSpread.build(site, jobs, spread_rng, self._peak_w, self._trough_w, idle, rated)
+        self._last_step = np.zeros(n)  # progress the last tick added, per job: the interval a rack's mean covers
 
         # background on racks with no job
         self._bg_rack = np.flatnonzero(rj < 0)
@@ -298,6 +322,19 @@ class Workload:
 
         Written into `out` when given (the engine's per-tick buffer), else into a new array."""
         out = np.take(self._level_w, self._rack_slot, out=out)
+        sp = self._spread
+        if sp is not None:  # racks out of lockstep: each its own tick mean while its job runs
+            out[sp.rack] = rack_levels(
+                sp,
+                self._iter_phase_s,
+                self._last_step,
+                self._iter_len_s,
+                self._on_len_s,
+                self._running,
+                self._job_level_w,
+                self.idle_w,
+                self.rated_w,
+            )
         if self._bg_on:
             out[self._bg_rack] = self._bg_level_w
         return out
@@ -366,6 +403,7 @@ class Workload:
         step = np.minimum(np.maximum(job_speed_frac, 0.0), 1.0)
         step *= self._prog_f
         step *= dt
+        self._last_step = step
         self._progress_s += step
         self._iter_phase_s += step
         wrapped = self._iter_phase_s >= self._iter_len_s

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from gridsim.plant.rack_spread import rack_levels
 from gridsim.plant.workload import _EPS_S, JobState, Workload
 
 FloatArray = npt.NDArray[np.float64]
@@ -34,6 +35,7 @@ _STATE = (
     "_bg_x_w",
     "_bg_level_w",
     "_suspend_req",
+    "_last_step",
 )
 
 
@@ -82,6 +84,7 @@ def advance_ticks(wl: Workload, dt: float, steps: FloatArray, job_suspend: BoolA
     bg_drawn = 0
     phase = np.empty((n_ticks, n))
     on_len = np.empty((n_ticks, n))
+    iter_len = np.empty((n_ticks, n))  # the period each tick's phase is read against (racks out of lockstep)
     seg = np.empty((n_ticks + 1, n))
     j = 0
     while j < n_ticks:
@@ -94,11 +97,13 @@ def advance_ticks(wl: Workload, dt: float, steps: FloatArray, job_suspend: BoolA
         if rows.size == 0:
             phase[j:] = seg[1 : m + 1]
             on_len[j:] = wl._on_len_s
+            iter_len[j:] = wl._iter_len_s
             break
         r = int(rows[0])
         w = j + r  # the tick in which an iteration ends
         phase[j:w] = seg[1 : r + 1]
         on_len[j:w] = wl._on_len_s
+        iter_len[j:w] = wl._iter_len_s
         if bg_on and w > bg_drawn:  # the background's draws of the ticks before come first
             normals.append(wl._rng.standard_normal((w - bg_drawn, n_bg)))
             bg_drawn = w
@@ -106,6 +111,7 @@ def advance_ticks(wl: Workload, dt: float, steps: FloatArray, job_suspend: BoolA
         wl._wrap(np.flatnonzero(hit[r]))
         phase[w] = wl._iter_phase_s
         on_len[w] = wl._on_len_s
+        iter_len[w] = wl._iter_len_s
         j = w + 1
     np.copyto(wl._iter_phase_s, phase[-1])
     np.copyto(wl._progress_s, progress[-1])
@@ -122,6 +128,12 @@ def advance_ticks(wl: Workload, dt: float, steps: FloatArray, job_suspend: BoolA
     level[:, n] = wl._level_w[n]
     np.copyto(wl._job_level_w, level[-1, :n])
     demand: FloatArray = np.take(level, wl._rack_slot, axis=1)
+    sp = wl._spread
+    if sp is not None:  # racks out of lockstep: rack_demand_w's tick means, the same elementwise arithmetic
+        demand[:, sp.rack] = rack_levels(
+            sp, phase, steps, iter_len, on_len, wl._running, level[:, :n], wl.idle_w, wl.rated_w
+        )
+    wl._last_step = steps[-1].copy()
 
     if bg_on:
         if n_ticks > bg_drawn:
