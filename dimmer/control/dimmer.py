@@ -908,8 +908,12 @@ class DimmerController:
             stale_rack &= self._rack_at_risk  # (only a rack that could take a domain past its soft level: _at_risk)
         if stale_rack.any():
             rack_cap = np.where(stale_rack, np.minimum(rack_cap, self.safe_cap_w), rack_cap)
-        # (nor does a rack's cap rise, with or without a job, in a period its reading did not arrive)
-        if not all_fresh:
+        # (nor does a rack's cap rise, with or without a job, in a period its reading did not arrive, nor any rack's
+        # while the PCC's is missing: a job may rise while a rack that cannot matter is late, and the rack catches up
+        # only on a reading of its own and the campus's)
+        if not pcc_ok:
+            rack_cap = np.minimum(rack_cap, self.prev_rack_cap_w)
+        elif not all_fresh:
             rack_cap = np.where(fresh, rack_cap, np.minimum(rack_cap, self.prev_rack_cap_w))
         self.prev_rack_cap_w = rack_cap
 
