@@ -284,18 +284,19 @@ class CampusCoordinator:
         if self.ffr is not None:
             # the droop's order laid on the plan: the battery first, what it cannot give of a reduction a cut of the
             # buildings' room below (lowest priority first, by allocate); its share is no room for a bound to rise
-            # into, as flat
+            # into, as flat: the interconnect's room counts the plan's battery
             bess_w = self.ffr.split(self.ffr.order(grid_freq_hz, ramp_step), bess_w, discharge, charge)[0]
             ffr_bess_w = max(self.ffr.bess_w, 0.0)
         rise_w = max(max(target + ramp_step, hi) + discharge_plan - bus_caps, 0.0) if cut_w <= 0 else -cut_w
-        next_bess = min(bess_w + ramp_step, max(discharge_plan, bess_w))
+        # (the plan's: taking the response's share off a room worked out with it took the cover's term down too,
+        # and cut the lowest priorities by 3 MW on prometheus-ffr with the battery giving all the order)
+        next_bess = min(plan_bess_w + ramp_step, max(discharge_plan, plan_bess_w))
         # (the cover as far as it will have come next period: counted whole, a limit falling faster than it ramps
         # in, a curtailment, outran it: commands-delayed on two buildings, 8 s over the limit)
         limit_room = min(
             measured_ceiling + next_bess + prior_total,
             grid_cap + max(next_bess, min(self.cover_w + ramp_step, cover_w)),
         )
-        limit_room -= ffr_bess_w
         room = min(bound_total + rise_w, limit_room) - overhead_w
         room = self._ffr_room(room, bound_total - overhead_w)
         # a stopped job's return arrives within a tick, the battery's turn from charging a period later: the
