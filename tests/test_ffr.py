@@ -135,9 +135,11 @@ def test_a_bad_frequency_response_key_is_one_line_naming_it(key: str, value: Any
     assert f"params.{key}" in msg and "\n" not in msg
 
 
-def test_the_hierarchy_refuses_a_response_it_does_not_give() -> None:
+def test_the_hierarchy_takes_the_response_and_checks_its_keys() -> None:
+    """dimmer-campus answers at its coordinator (tests/test_ffr_campus.py); a bad value is still refused."""
+    make_controller("dimmer-campus", _site(), {"building": {"ffr_droop_pct": 2.0}})
     with pytest.raises(InputError, match=r"params\.building\.ffr_droop_pct"):
-        make_controller("dimmer-campus", _site(), {"building": {"ffr_droop_pct": 2.0}})
+        make_controller("dimmer-campus", _site(), {"building": {"ffr_droop_pct": -2.0}})
 
 
 # -- the controller: in the period that sees the deviation ----------------------------------------------------------

@@ -33,6 +33,7 @@ from dimmer.control.coordinator import (
     lapsed_ceiling_w,
 )
 from dimmer.control.dimmer import DimmerController, DimmerParams
+from dimmer.control.ffr import FastFrequencyResponse
 from dimmer.errors import InputError, from_validation_error
 from dimmer.observation import Actions, Observation, Reason
 from dimmer.site import SiteModel
@@ -170,7 +171,7 @@ class CampusHierarchy:
             self.parent_t_s = t
             budgets = self.coordinator.step(
                 t, obs.pcc_power_w, obs.pcc_age_s, obs.pcc_limit_w, obs.bess_soc_frac, obs.bess_power_w,
-                obs.bess_online, self.reports,
+                obs.bess_online, self.reports, obs.grid_freq_hz,
             )  # fmt: skip
             self.bess_setpoint_w = budgets.bess_setpoint_w
             self.bess_revert_t_s = t + budgets.bess_hold_s
@@ -204,22 +205,27 @@ class CampusHierarchy:
         if c.last_fill_w > 0:
             what = "campus falling faster than the ramp: building floors"
             reasons.append(Reason("trough", what, value_w=c.last_fill_w))
+        if c.ffr is not None and c.ffr.order_w:
+            reasons.append(c.ffr.reason())
 
 
 def building_params(site: SiteModel, building: DimmerParams) -> DimmerParams:
     """A building controller's parameters under a coordinator: the campus keeps the interconnect's margin (the slack
     in each budget is the building's), and floors come down no faster than the campus may, its ramp spread over
-    every job GPU (a building has no ramp of its own, so its default would release them at once)."""
+    every job GPU (a building has no ramp of its own, so its default would release them at once). The fast frequency
+    response is the coordinator's, on the campus's rating: a building answering too would count it once more each."""
     job_gpus = float(np.sum(site.rack_active_gpus[site.rack_job >= 0])) or 1.0
     spread = site.ramp_limit_w_per_min / 60.0 * building.ramp_margin_frac * site.rectifier_eff / job_gpus
     release = building.floor_release_w_per_s or (spread if math.isfinite(spread) else None)
-    return building.model_copy(update={"pcc_margin_frac": 1.0, "floor_release_w_per_s": release})
+    update = {"pcc_margin_frac": 1.0, "floor_release_w_per_s": release, "ffr_droop_pct": 0.0}
+    return building.model_copy(update=update)
 
 
 def make_coordinator(
     site: SiteModel, parts: list[BuildingPart], params: CampusParams, building: DimmerParams
 ) -> CampusCoordinator:
-    """The campus coordinator over `parts`, with the campus-wide settings of the building parameters."""
+    """The campus coordinator over `parts`, with the campus-wide settings of the building parameters (the fast
+    frequency response's among them: on the interconnect's rating, or where none is set the buildings' most)."""
     settings = CoordinatorSettings(
         period_s=params.parent_period_s,
         pcc_margin_frac=building.pcc_margin_frac,
@@ -241,7 +247,8 @@ def make_coordinator(
     )
     max_w = np.array([part.max_w for part in parts])
     ramp = site.ramp_limit_w_per_min
-    return CampusCoordinator(max_w, site.pcc_limit_w, ramp, site.ramp_window_s, site.bess, settings)
+    ffr = FastFrequencyResponse.for_site(site, building, max_w)
+    return CampusCoordinator(max_w, site.pcc_limit_w, ramp, site.ramp_window_s, site.bess, settings, ffr)
 
 
 def campus_params(params: Mapping[str, Any], source: str = "controller") -> tuple[CampusParams, DimmerParams]:
@@ -254,9 +261,6 @@ def campus_params(params: Mapping[str, Any], source: str = "controller") -> tupl
         building = DimmerParams.model_validate(p.building)
     except ValidationError as exc:
         raise from_validation_error(source, exc, ("params", "building")) from None
-    if building.ffr_droop_pct > 0:  # (each building would answer on its own budget, the campus battery idle)
-        what = "0 (dimmer-campus gives no fast frequency response yet: the flat dimmer controller does)"
-        raise InputError(source, "params.building.ffr_droop_pct", what)
     return p, building
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dimmer.control.campus_battery import bess_room, campus_level, soc_pull_w
+from dimmer.control.ffr import FastFrequencyResponse
 from dimmer.control.filters import LowPass
 from dimmer.control.plausibility import MISSING, OK, PccCheck
 from dimmer.control.ramp_room import RampRoom, ReturnHold
@@ -115,6 +116,7 @@ class CampusCoordinator:
         ramp_window_s: float,
         bess: BessRatings,
         s: CoordinatorSettings,
+        ffr: FastFrequencyResponse | None = None,
     ) -> None:
         self.max_w = np.asarray(building_max_w, dtype=np.float64)
         self.ramp_limit_w_per_min, self.ramp_window_s = ramp_limit_w_per_min, ramp_window_s
@@ -136,6 +138,23 @@ class CampusCoordinator:
                                   generation_w=s.behind_meter_generation_w)  # fmt: skip
         self.pcc_status = MISSING
         self.cover_w = 0.0  # the battery's cover of the bound over the margin, taken on at the ramp
+        # the campus's fast frequency response (ffr.py), on the interconnect's rating: here, not in the buildings,
+        # since the battery and the split of the room are the coordinator's (None: off)
+        self.ffr = ffr
+        self.ffr_top_w: float | None = None  # the bounds' room when the caps' share of an order began (_ffr_room)
+
+    def _ffr_room(self, room_w: float, bound_w: float) -> float:
+        """The room under the frequency response's cut: the buildings' bounds as they stood when the caps' share of
+        the order began, less that share, until the battery covers the order again (ffr.split's `caps_w`). Held from
+        that start, not cut once from the bounds reported and held by a milliwatt as flat does on its readings: the
+        reports are a period old and the bounds came back (on two buildings with no battery, a 0.6 MW order lowered
+        the mean import by 0.05 MW so, 0.22 MW held)."""
+        if self.ffr is None or self.ffr.caps_w <= 0:
+            self.ffr_top_w = None
+            return room_w
+        if self.ffr_top_w is None:
+            self.ffr_top_w = bound_w
+        return min(room_w, self.ffr_top_w - self.ffr.caps_w)
 
     def safe_ceiling_w(self, pcc_limit_w: float) -> FloatArray:
         """What a building may draw with no parent: its share (by its most) of the interconnect's margin."""
@@ -156,6 +175,7 @@ class CampusCoordinator:
         bess_power_w: float,
         bess_online: bool,
         rep: BuildingReports,
+        grid_freq_hz: float = math.nan,
     ) -> Budgets:
         s = self.s
         dt = s.period_s if self.t_last_s is None else max(t_s - self.t_last_s, 1e-3)
@@ -208,7 +228,8 @@ class CampusCoordinator:
         discharge, discharge_plan, charge = bess_room(self.bess, bess_soc_frac, bess_online, s.bess_reserve_frac)
         ramp_step = self.ramp_limit_w_per_min / 60.0 * s.ramp_margin_frac * dt
         budget = s.ramp_margin_frac * self.ramp_limit_w_per_min * self.ramp_window_s / 60.0
-        self.ramp_room.push(bus_now - bess_now)
+        # (the import as the plan would have it: a frequency response ordered is added back, as flat: ffr.py)
+        self.ramp_room.push(bus_now - bess_now + (self.ffr.order_w if self.ffr is not None else 0.0))
         lo, hi = self.ramp_room.bounds(budget)
         ret_w, ret_gpus = float(rep.return_w[heard].sum()), float(rep.return_gpus[heard].sum())
         with_return = max(bus_w, bus_now) + ret_w - max(discharge_plan, bess_now)
@@ -257,8 +278,17 @@ class CampusCoordinator:
         # interconnect's (the measured bound against the limit, the prior's against the margin, with the battery
         # one ramp step on, as flat)
         cut_w = max(min(bus_w, bus_now) - bess_w - hi, 0.0)
+        plan_bess_w, ffr_bess_w = bess_w, 0.0
+        if self.ffr is not None:
+            # the droop's order laid on the plan: the battery first, what it cannot give of a reduction a cut of the
+            # buildings' room below (lowest priority first, by allocate); its share is no room for a bound to rise
+            # into, as flat: the interconnect's room counts the plan's battery
+            bess_w = self.ffr.split(self.ffr.order(grid_freq_hz, ramp_step), bess_w, discharge, charge)[0]
+            ffr_bess_w = max(self.ffr.bess_w, 0.0)
         rise_w = max(max(target + ramp_step, hi) + discharge_plan - bus_caps, 0.0) if cut_w <= 0 else -cut_w
-        next_bess = min(bess_w + ramp_step, max(discharge_plan, bess_w))
+        # (the plan's: taking the response's share off a room worked out with it took the cover's term down too,
+        # and cut the lowest priorities by 3 MW on prometheus-ffr with the battery giving all the order)
+        next_bess = min(plan_bess_w + ramp_step, max(discharge_plan, plan_bess_w))
         # (the cover as far as it will have come next period: counted whole, a limit falling faster than it ramps
         # in, a curtailment, outran it: commands-delayed on two buildings, 8 s over the limit)
         limit_room = min(
@@ -266,9 +296,10 @@ class CampusCoordinator:
             grid_cap + max(next_bess, min(self.cover_w + ramp_step, cover_w)),
         )
         room = min(bound_total + rise_w, limit_room) - overhead_w
+        room = self._ffr_room(room, bound_total - overhead_w)
         # a stopped job's return arrives within a tick, the battery's turn from charging a period later: the
         # returns get what is left with the battery where it is now
-        return_room = grid_cap + min(bess_w, bess_now)
+        return_room = grid_cap + min(bess_w, bess_now) - ffr_bess_w
         alloc = base + allocate(room, base, groups, floors, demand).sum(axis=1)
         # (the ceilings' slack included: a building's start ceiling holds its stopped jobs' caps so their return
         # fits its ceiling, so the ceilings are the room a return has)
@@ -291,7 +322,8 @@ class CampusCoordinator:
             slack = slack * (free_w / slack_w)
         ceiling = np.where(heard, alloc + slack, safe)
         over_w = max(bound_total - overhead_w - room, 0.0)
-        fill_w = max(lo - (max(bus_w, bus_now) - bess_w), 0.0)
+        # (against the plan's battery, as flat: the order's fall is the ramp room's already, no fall to fill)
+        fill_w = max(lo - (max(bus_w, bus_now) - plan_bess_w), 0.0)
         if fill_w <= s.fill_deadband_frac * pcc_limit_w:
             fill_w = 0.0
         total_fill = float(fill_cap.sum())

@@ -319,7 +319,8 @@ def controller_params(
             with contextlib.suppress(ValidationError):  # (a bad param is reported by check_controller, by key)
                 given = DimmerParams.model_validate(params)
                 under = building_params(campus, given)
-                params |= under.model_dump(include={"pcc_margin_frac", "floor_release_w_per_s"})
+                # (the frequency response off: the coordinator answers for the campus)
+                params |= under.model_dump(include={"pcc_margin_frac", "floor_release_w_per_s", "ffr_droop_pct"})
     return params
 
 

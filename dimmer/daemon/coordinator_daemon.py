@@ -212,7 +212,7 @@ class CoordinatorDaemon:
         t_step = time.perf_counter()
         budgets = self.coordinator.step(
             obs.t_s, obs.pcc_power_w, obs.pcc_age_s, obs.pcc_limit_w, obs.bess_soc_frac, obs.bess_power_w,
-            obs.bess_online, reports,
+            obs.bess_online, reports, obs.grid_freq_hz,
         )  # fmt: skip
         step_s = time.perf_counter() - t_step
         writes, results = ([], []) if self.dry_run else await self._write(budgets)
