@@ -149,7 +149,7 @@ class DimmerController:
         self.ride = RideThrough.for_site(site, params)  # voltage ride-through (ride_through.py); None: off
         # rack -> the domains above it (CSR rows), for the floors' bound
         self._rack_domains = self.rm.rack_domains
-        self._rack_at_risk: BoolArray = np.ones(site.n_racks, dtype=bool)  # (_job_at_risk: untrusted racks that matter)
+        self._rack_at_risk: BoolArray = np.ones(site.n_racks, dtype=bool)  # (_at_risk: untrusted racks that matter)
 
     # -- helpers ---------------------------------------------------------------------------------------------------
 
@@ -815,7 +815,7 @@ class DimmerController:
             # (and none in a period the bound cut: a lower-priority job would rise while a higher one was cut)
             lean_room_w = min(lean_w, bound_room_w) if cut[0] <= 0 else 0.0
             headroom[0] = min(headroom[0], max(float(release[0]) - import_w, 0.0) + lean_room_w)
-            # rise: slowly, within headroom, never for a job with untrusted telemetry
+            # rise: slowly, within headroom, never for a job with untrusted telemetry that matters
             # (a job whose reading is stale goes to the safe cap, and one whose reading is late this period does not
             # rise, where that rack could take a domain past its soft level: _at_risk)
             stale_job = np.zeros(n_jobs, dtype=bool)
