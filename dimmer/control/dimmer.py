@@ -149,7 +149,6 @@ class DimmerController:
         self.ride = RideThrough.for_site(site, params)  # voltage ride-through (ride_through.py); None: off
         # rack -> the domains above it (CSR rows), for the floors' bound
         self._rack_domains = self.rm.rack_domains
-        self._rack_at_risk: BoolArray = np.ones(site.n_racks, dtype=bool)  # (_at_risk: untrusted racks that matter)
 
     # -- helpers ---------------------------------------------------------------------------------------------------
 
@@ -202,15 +201,15 @@ class DimmerController:
     def _at_risk(self, unknown: BoolArray, bound_rack: FloatArray, overhead_w: float, soft: FloatArray) -> BoolArray:
         """The racks, of those whose reading is `unknown` this period, that could take a domain past its soft level,
         drawing the most they may (their rack maximum: with no reading, neither the load nor that the caps hold is
-        known) with every other rack at its bound; kept in `_rack_at_risk` for the racks' own caps. Where none can,
+        known) with every other rack at its bound (for the jobs' caps and the racks' own). Where none can,
         the safe cap and a held rise guard nothing: a rack meter 4 s late that lost two readings in a row sent a job on
         a half-loaded site to the safe cap for 60 % of a run, and one reading in twenty lost held a 100-rack job's cap
         for good (12 % of its GPU time)."""
         worst = self.rm.domain_load_w(np.where(unknown, self.rack_max_w, bound_rack))
         worst[0] += overhead_w
         over = worst > soft
-        self._rack_at_risk = unknown & (self._rack_domains @ over.astype(np.float64) > 0)
-        return self._rack_at_risk
+        at_risk: BoolArray = unknown & (self._rack_domains @ over.astype(np.float64) > 0)
+        return at_risk
 
     def _domain_rise_w(self, up: FloatArray) -> FloatArray:
         """What per-GPU cap rises `up` (per job) add to each domain (W; none where no job rises)."""
@@ -767,6 +766,7 @@ class DimmerController:
         )
         headroom = np.where(cut > 0, 0.0, headroom)
 
+        rack_at_risk: BoolArray | None = None  # (set where a reading is late or stale: _at_risk)
         n_jobs = site.n_jobs
         if n_jobs:
             job_peak = np.full(n_jobs, gpu.min_cap_w)
@@ -824,7 +824,8 @@ class DimmerController:
                 stale_job[:] = True
                 late_job[:] = True
             elif not all_fresh or not rack_ok.all():
-                risky = self._at_risk(~rack_ok | ~fresh, bound_rack, overhead_w, soft) & self.running_rack
+                rack_at_risk = self._at_risk(~rack_ok | ~fresh, bound_rack, overhead_w, soft)
+                risky = rack_at_risk & self.running_rack
                 stale_job[site.rack_job[risky & ~rack_ok]] = True
                 late_job[site.rack_job[risky]] = True
             rise = np.minimum(p.cap_rise_w_per_s * dt, gpu.rated_w - new_cap)
@@ -904,8 +905,8 @@ class DimmerController:
             self.cap_w = new_cap
         rack_cap = self._rack_caps()
         stale_rack = ~rack_ok | (not pcc_ok)
-        if stale_rack.any() and pcc_ok and n_jobs:
-            stale_rack &= self._rack_at_risk  # (only a rack that could take a domain past its soft level: _at_risk)
+        if rack_at_risk is not None and stale_rack.any() and pcc_ok:
+            stale_rack &= rack_at_risk  # (only a rack that could take a domain past its soft level: _at_risk)
         if stale_rack.any():
             rack_cap = np.where(stale_rack, np.minimum(rack_cap, self.safe_cap_w), rack_cap)
         # (nor does a rack's cap rise, with or without a job, in a period its reading did not arrive, nor any rack's
