@@ -66,6 +66,7 @@ OPTIONAL_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("bbu_cycles_per_day", "BBU cycles/day", "{:.3g}"),
     ("bbu_throughput_cycles_per_day", "BBU throughput cycles/day", "{:.3g}"),
     ("min_bbu_ride_through_s", "min BBU ride-through s", "{:.3g}"),
+    ("breaker_overload_s", "s a breaker above its rating's heat", "{:,.0f}"),
 )
 
 
@@ -177,6 +178,14 @@ def verdict(rows: dict[str, dict[str, Any]], judged: str = "dimmer") -> list[str
             f"goodput lost: {d['goodput_loss_power_pct']:.3g} % (best limit-holding baseline `{gp_name}` {gp:.3g} %; "
             f"{d['goodput_loss_power_pct'] - gp:+.3g} pp)",
         )
+        # (not a goal, the limits being trips, import and ramp: the heat a baseline's goodput was bought with)
+        hot_s = holding[gp_name].get("breaker_overload_s")
+        if hot_s is not None and hot_s > d.get("breaker_overload_s", 0.0) + EPS:
+            lines.append(
+                f"note `{gp_name}` ran a breaker above its rating's steady heat for {hot_s:,.0f} s (hottest "
+                f"{holding[gp_name].get('max_breaker_heat_frac', float('nan')):.3g}; dimmer "
+                f"{d.get('breaker_overload_s', 0.0):,.0f} s): it tripped nothing within the run"
+            )
         en_name, en = min(((n, s["energy_overhead_pct"]) for n, s in holding.items()), key=lambda x: x[1])
         allowed = max(1.0, en)
         goal(

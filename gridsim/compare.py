@@ -44,9 +44,11 @@ FILES = ("compare.json", "compare.csv", "compare.png", "compare_pareto.png", "co
 # The metrics compare.md puts side by side: summary key and the row label (with its unit).
 KEY_METRICS: tuple[tuple[str, str], ...] = (
     ("breaker_trips", "breaker trips"),
+    ("breaker_overload_s", "a breaker above its rating's heat [s]"),
     ("pcc_overlimit_s", "over the interconnect limit [s]"),
     ("ramp_violation_s", "over the ramp limit [s]"),
     ("max_ramp_mw_per_min", "largest ramp [MW/min]"),
+    ("max_grid_step_mw", "largest grid step in one tick [MW]"),
     ("peak_grid_mw", "peak grid import [MW]"),
     ("band_rms_mw", "band RMS, grid import [MW]"),
     ("demand_band_rms_mw", "band RMS, demand [MW]"),
@@ -57,6 +59,8 @@ KEY_METRICS: tuple[tuple[str, str], ...] = (
     ("min_bess_soc_frac", "lowest campus battery SoC"),
     ("min_bbu_soc_frac", "lowest rack BBU SoC"),
     ("bess_equivalent_cycles", "battery equivalent cycles"),
+    ("bbu_cycles_per_day", "BBU cycles a day, worst rack (depth-weighted)"),
+    ("min_bbu_ride_through_s", "least BBU ride-through [s]"),
     ("max_freq_dev_hz", "largest frequency deviation [Hz]"),
     ("controller_step_ms_p99", "controller step, p99 [ms]"),
 )

@@ -73,6 +73,7 @@ class SimResult:
     events_log: list[tuple[float, str]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     voltage: VoltageRecord | None = None  # voltage: the PCC voltage and UPS transfers (gridsim/ridethrough.py)
+    breakers: dict[str, float] = field(default_factory=dict)  # TickLoop.breaker_totals: the breakers' heat
 
     def to_pandas(self) -> Any:
         import pandas as pd
@@ -435,6 +436,7 @@ class Simulation:
             trips=trips,
             accounting=self.workload.accounting(),
             storage=storage,
+            breakers=loop.breaker_totals(),
             step_ms=step_ms,
             wall_s=wall,
             band_hz=(sc.metrics.band_lo_hz, sc.metrics.band_hi_hz),

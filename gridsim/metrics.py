@@ -60,6 +60,8 @@ SUMMARY_KEYS = (
     "voltage_violation_s",
     "load_lost_mw",
     "ride_through_violations",
+    "max_breaker_heat_frac",
+    "breaker_overload_s",
 )
 
 J_PER_MWH = 3.6e9
@@ -181,6 +183,9 @@ def summarize(res: SimResult) -> dict[str, Any]:
             res.scenario, res.controller, "pcc_voltage_pu", f"is {float(v_pu[first])!r} at t = {first * dt:g} s"
         )
     summary |= voltage_summary(res.voltage, dt, res.t_s.size)  # the PCC voltage (gridsim/ridethrough.py)
+    # the breakers' heat: a site that trips nothing may still run a breaker above its rating for minutes
+    summary["max_breaker_heat_frac"] = res.breakers.get("max_heat_frac", 0.0)
+    summary["breaker_overload_s"] = res.breakers.get("overload_s", 0.0)
     assert tuple(summary) == SUMMARY_KEYS
     res.summary = summary
     return summary

@@ -86,6 +86,10 @@ class TickLoop:
         self.has_bbu = sim.bbus.capacity_j > 0
         self.bbu_eff = math.sqrt(sim.bbus.round_trip_eff)
         self.min_ride_through_s = math.inf
+        # the breakers' thermal state at period ends (a state with a time constant of minutes: a period's
+        # sample is its value): the hottest any reached, and how long some breaker ran above its rating's
+        self.max_heat_frac = 0.0
+        self.overload_s = 0.0
         self.any_bbu = bool(self.has_bbu.any())
         self.bbu_window = sim.bbus.soc_max_frac - sim.bbus.soc_min_frac
         if not self.any_bbu:
@@ -278,6 +282,10 @@ class TickLoop:
         period["domain_w"][p] = (self.domain_w_acc if self.gather_rec else self.domain_w_acc[rec_d]) / cnt
         self.domain_w_acc[:] = 0.0
         period["domain_thermal_frac"][p] = sim.breakers.theta[rec_d] / self.k2_rec  # thermal_frac()[rec_d]
+        hottest = float(sim.breakers.theta.max(initial=0.0))
+        self.max_heat_frac = max(self.max_heat_frac, hottest)
+        if hottest > 1.0:
+            self.overload_s += cnt * self.dt
         period["domain_limit_w"][p] = sim.breakers.rating_w[rec_d]
         if site.n_jobs:
             first = sim.job_first_rack
@@ -298,6 +306,11 @@ class TickLoop:
             ride = np.where(self.has_bbu, sim.bbus.stored_j * self.bbu_eff, 0.0)[loaded_r] / rack_w[loaded_r]
             self.min_ride_through_s = min(self.min_ride_through_s, float(ride.min()))
         period["bbu_soc_mean_frac"][p] = rack_soc.mean() if site.n_racks else np.nan
+
+    def breaker_totals(self) -> dict[str, float]:
+        """The run's breaker heat, at its end: the hottest thermal state any breaker reached (1.0: the steady
+        state at its rating) and the time some breaker was above that."""
+        return {"max_heat_frac": self.max_heat_frac, "overload_s": self.overload_s}
 
     def storage_totals(self) -> dict[str, float]:
         """The run's storage bookkeeping, at its end."""

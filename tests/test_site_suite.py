@@ -74,6 +74,23 @@ def test_the_ride_through_goal_is_sixty_seconds_or_what_the_bbus_hold_uncontroll
     assert all(line.startswith("PASS") for line in lines if line not in ride)
 
 
+def test_the_verdict_notes_the_heat_the_best_baseline_s_goodput_was_bought_with() -> None:
+    """A baseline that trips nothing holds the limits the issue names; where it bought its goodput by running a
+    breaker above its rating's steady heat, the verdict says so beside the goal (a note, not a miss)."""
+    suite = _suite_module()
+    hot = {"breaker_overload_s": 612.0, "max_breaker_heat_frac": 1.22}
+    rows = {
+        "smoothing": _summary(goodput_loss_power_pct=1.0, **hot),
+        "dimmer": _summary(goodput_loss_power_pct=2.5, breaker_overload_s=0.0, max_breaker_heat_frac=0.91),
+    }
+    lines = suite.verdict(rows)
+    notes = [line for line in lines if line.startswith("note")]
+    assert len(notes) == 1 and "`smoothing`" in notes[0] and "612 s" in notes[0]
+    assert any(line.startswith("MISS goodput") for line in lines)  # (the goal itself is unchanged)
+    rows["dimmer"] |= hot
+    assert not any(line.startswith("note") for line in suite.verdict(rows))
+
+
 def test_the_suite_judges_any_folder_and_names_an_empty_or_unknown_one(tmp_path: Path) -> None:
     suite = _suite_module()
     library = Path(__file__).resolve().parents[1] / "scenarios"

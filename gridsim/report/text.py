@@ -46,6 +46,17 @@ METRIC_INFO: dict[str, tuple[str, str]] = {
     "controller_step_ms_p50": ("ms", "controller step wall time, median"),
     "controller_step_ms_p99": ("ms", "controller step wall time, 99th percentile"),
     "sim_speed_x_realtime": ("× real time", "simulated seconds per wall second"),
+    "max_grid_step_mw": ("MW", "largest change of grid import between two ticks"),
+    "bbu_equivalent_cycles": ("cycles", "worst rack's BBU wear: depth-weighted rainflow cycles"),
+    "bbu_cycles_per_day": ("cycles/day", "the same, scaled to a day (budget: bbu_cycle_budget_per_day)"),
+    "bbu_throughput_cycles_per_day": ("cycles/day", "all BBUs' discharged energy over their usable capacity, a day"),
+    "min_bbu_ride_through_s": ("s", "least time a rack's BBU could carry its rack's load"),
+    "min_voltage_pu": ("pu", "lowest PCC voltage"),
+    "voltage_violation_s": ("s", "time the PCC voltage was outside its band"),
+    "load_lost_mw": ("MW", "largest load one UPS transfer took off the grid"),
+    "ride_through_violations": ("transfers", "UPS transfers made inside the ride-through curve"),
+    "max_breaker_heat_frac": ("× rating's", "hottest breaker thermal state (1: steady at its rating)"),
+    "breaker_overload_s": ("s", "time some breaker ran hotter than its rating allows steadily"),
 }
 
 
