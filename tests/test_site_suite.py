@@ -116,9 +116,8 @@ def test_poor_rack_meters_cost_no_goodput_where_no_limit_is_near() -> None:
 def test_lost_rack_readings_on_tight_rows_cost_little_more_than_the_rows_do() -> None:
     """lossy-tight: rows at their ratings (every rack could take its row past its soft level), rack meters 3 s late
     and losing 8 % of readings. A rack two readings overdue sends itself alone to the safe cap, back on its next
-    reading, and a late rack bounds its job's rise by what it can draw at its caps: the losses cost 0.6 points of GPU
-    time over the same meters losing nothing (3.2 points before: the whole 50-rack job to the safe cap, climbing back
-    for 12 s, and no rise while any of its racks was late)."""
+    reading: the losses cost 0.6 points of GPU time over the same meters losing nothing (3.2 points before: the whole
+    50-rack job to the safe cap, climbing back at the slow rise for 12 s)."""
     path = next(p for p in SITES if p.stem == "lossy-tight")
     lossy = summarize(run(load_scenario(path, ["duration_s=360"]), controller="dimmer"))
     clean = summarize(run(load_scenario(path, ["duration_s=360", "telemetry.dropout_prob=0"]), controller="dimmer"))

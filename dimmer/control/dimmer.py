@@ -211,27 +211,6 @@ class DimmerController:
         at_risk: BoolArray = unknown & (self._rack_domains @ over.astype(np.float64) > 0)
         return at_risk
 
-    def _late_room_w(
-        self,
-        stale: BoolArray,
-        late: BoolArray,
-        at_caps: FloatArray,
-        bound_rack: FloatArray,
-        overhead_w: float,
-        soft: FloatArray,
-    ) -> FloatArray:
-        """What cap rises may add to each domain (W) with the `late` racks (a reading lost or late this period, not
-        yet stale) at all their caps in force let them draw, the stale ones at their rack maximum and every other
-        rack at its bound; no bound for a domain with no late rack. A late rack's cap does not rise this period and
-        its GPUs report the cap they enforce, so that is the most it can draw: its job may rise where the rest of the
-        domain has room for it. Held with no rise instead, a job of 50 racks on rows at their ratings rose in one
-        period of 70 (8 % of rack readings lost): 4.6 % of GPU time lost where firmware smoothing lost 1.0 %."""
-        worst = self.rm.domain_load_w(np.where(stale, self.rack_max_w, np.where(late, at_caps, bound_rack)))
-        worst[0] += overhead_w
-        concerned = self._rack_domains.T @ late.astype(np.float64) > 0
-        room: FloatArray = np.where(concerned, np.maximum(soft - worst, 0.0), np.inf)
-        return room
-
     def _catch_up(self, rack_cap: FloatArray, held_to_w: FloatArray, step_w: float) -> FloatArray:
         """`rack_cap` with the racks held under their jobs' caps last period (`held_to_w`: a stale rack at the safe
         cap, a late one not raised) brought back toward them by `step_w` of draw in all this period. Their bound
@@ -853,8 +832,8 @@ class DimmerController:
             lean_room_w = min(lean_w, bound_room_w) if cut[0] <= 0 else 0.0
             headroom[0] = min(headroom[0], max(float(release[0]) - import_w, 0.0) + lean_room_w)
             # rise: slowly, within headroom, never for a job with untrusted telemetry that matters
-            # (with no campus reading every job goes to the safe cap; a job with a stale rack that could take a domain
-            # past its soft level (_at_risk) does not rise, and that rack alone goes to the safe cap, below: the job
+            # (with no campus reading every job goes to the safe cap; a job with a late or stale rack that could take
+            # a domain past its soft level (_at_risk) does not rise, and a stale one alone goes to the safe cap: the job
             # sent there climbed back at the slow rise for 12 s after each reading two seconds overdue, 2.1 % of the
             # GPU time of a site whose rack meters were 3 s late and lost 8 % of their readings. A rack unheard for
             # twice stale_s is no lost reading: its job follows it to the safe cap, as a synchronous job runs at its
@@ -862,20 +841,16 @@ class DimmerController:
             # cost 12 % of GPU time under a curtailment, against 7 % with the job at the safe cap)
             stale_job = np.zeros(n_jobs, dtype=bool)
             late_job = np.zeros(n_jobs, dtype=bool)
-            late_room_w: FloatArray | None = None  # what a rise may add under each domain's soft level, late racks
             if not pcc_ok:
                 stale_job[:] = True
                 late_job[:] = True
             elif not all_fresh or not rack_ok.all():
                 rack_at_risk = self._at_risk(~rack_ok | ~fresh, bound_rack, overhead_w, soft)
                 risky = rack_at_risk & self.running_rack
-                late_job[site.rack_job[risky & ~rack_ok]] = True
+                late_job[site.rack_job[risky]] = True
                 unheard_s = obs.t_s - np.maximum(self.rack_seen_t_s, self.first_t_s)  # (by our clock, from our start)
                 gone = risky & ~rack_ok & (unheard_s > 2.0 * p.stale_s)
                 stale_job[site.rack_job[gone]] = True
-                if np.any(risky & rack_ok):
-                    late_room_w = self._late_room_w(~rack_ok, ~fresh & rack_at_risk, at_caps, bound_rack, overhead_w,
-                                                    soft)  # fmt: skip
             rise = np.minimum(p.cap_rise_w_per_s * dt, gpu.rated_w - new_cap)
             # (a cut this period lowers where it goes back to by the cut, rather than ending its way back: a 2 kW cut
             # at the campus in the period of its start sent gb-frequency-event's finetune up at the slow rise, 30 s)
@@ -885,8 +860,6 @@ class DimmerController:
             back_up = obs.job_running & np.isfinite(self.ceiled_from_w)
             rise = np.where(back_up, np.fmax(rise, nan_to_num(self.ceiled_from_w - new_cap)), rise)
             want = np.maximum(np.where((reduction > 0) | late_job, 0.0, rise), 0.0)
-            if late_room_w is not None:
-                headroom = np.minimum(headroom, late_room_w)
             up = grant(headroom, self.job_gpus, want, self.groups, self.eta)
             # A capped job may take the band between the release and soft levels too, as far as the soft level: a
             # rise that stops under it draws no cut, so no cut-and-rise cycle. The band is the hysteresis of a job
@@ -908,8 +881,6 @@ class DimmerController:
                 # also the ramp rule's room, which a band on top of it would overrun)
                 band_left_w[0] = max(float(soft[0] - release[0]), 0.0) if from_ceiling else 0.0
                 band_w = np.where(cut > 0, 0.0, headroom - rise_w + band_left_w)
-                if late_room_w is not None:
-                    band_w = np.minimum(band_w, late_room_w - rise_w)
                 more = grant(np.maximum(band_w, 0.0), self.job_gpus, asking, self.groups, self.eta)
                 up = up + more
                 if more.any():
