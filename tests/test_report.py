@@ -95,7 +95,8 @@ def tripped(tmp_path_factory: pytest.TempPathFactory) -> tuple[SimResult, Path, 
 def test_the_scenario_trips_where_it_was_built_to(tripped: tuple[SimResult, Path, list[Path]]) -> None:
     res, _, _ = tripped
     assert [d for _, d in res.trips] == ["r1"]
-    assert 30.0 < res.trips[0][0] < 55.0  # closed form ≈ 40 s at the row's mean load
+    # closed form ≈ 13 s at the row's mean load (2.6 x its rating), from the heat of carrying its rating
+    assert 8.0 < res.trips[0][0] < 20.0
 
 
 def test_every_png_is_written_and_readable(tripped: tuple[SimResult, Path, list[Path]]) -> None:
