@@ -316,7 +316,7 @@ class TickLoop:
 
     def breaker_totals(self) -> dict[str, float]:
         """The run's breaker heat, at its end: the hottest thermal state any breaker reached (1.0: the steady
-        state at its rating) and the time some breaker was above that."""
+        state at its rating) and the time some breaker was above OVERLOAD_HEAT_FRAC (1 % over its rating)."""
         return {"max_heat_frac": self.max_heat_frac, "overload_s": self.overload_s}
 
     def storage_totals(self) -> dict[str, float]:
