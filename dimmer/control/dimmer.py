@@ -934,6 +934,7 @@ class DimmerController:
             rack_cap = np.where(stale_rack, np.minimum(rack_cap, self.safe_cap_w), rack_cap)
             if pcc_ok and n_jobs:
                 n_safe = np.bincount(site.rack_job[stale_rack & self.job_racks], minlength=n_jobs)
+                n_safe[stale_job] = 0  # (a job sent there whole has its reason already: _explain_caps)
                 for j in np.flatnonzero(n_safe)[:MAX_REASONS]:
                     what = f"stale telemetry: {n_safe[j]} rack(s) of {site.job_name[j]} at or below the safe level"
                     reasons.append(Reason("safety", what, job=int(j)))
