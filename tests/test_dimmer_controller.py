@@ -589,6 +589,28 @@ def test_the_battery_does_not_chase_a_spike_no_rack_confirms(check_frac: float) 
     assert act.rack_cap_w.min() == site.gpu.rated_w  # and nobody is capped for it either way
 
 
+def test_a_meter_reading_high_adds_nothing_to_the_bound() -> None:
+    """The meter jumps to twice the truth on a campus whose racks at their caps sit 2.6 kW under its margin. Read
+    as the top of the band the racks allow, the spike added the band (2 % of the limit, 21 kW) to the campus's
+    unmetered load, and with it to the racks' bound: the battery took on a cover for a load no rack drew, and where
+    it could not, the caps were cut (scenarios/faults/meter-spike.toml: 0.30 % of GPU time). The unmetered load is
+    the fit's; nobody is capped, the battery does not move for it, and the reason still names the meter."""
+    site = _site(bess_mw=2.0, row_kw=600.0)
+    limit_w = float(site.rack_power_w(np.full(site.n_racks, site.gpu.rated_w)).sum()) / 0.97 + 2.6e3
+    ctrl = make_controller("dimmer", site, {})
+    for k in range(1, 31):
+        act = ctrl.step(_obs(site, float(k), 1300.0, pcc_limit_w=limit_w))
+    assert act.rack_cap_w.min() == site.gpu.rated_w  # (the premise: held under its margin, nobody is capped)
+    before_w = act.bess_setpoint_w
+    for k in range(31, 41):
+        true_w = _obs(site, float(k), 1300.0).pcc_power_w
+        act = ctrl.step(_obs(site, float(k), 1300.0, pcc_limit_w=limit_w, pcc_power_w=2 * true_w))
+        assert any(r.layer == "safety" and r.domain == 0 and "reads high" in r.reason for r in act.reasons)
+        assert not any(r.domain == 0 and r.layer in ("grid", "emergency") for r in act.reasons), act.reasons
+        assert act.rack_cap_w.min() == site.gpu.rated_w
+        assert abs(act.bess_setpoint_w - before_w) <= 1e3
+
+
 # -- issue #11: floors pay only for falls ----------------------------------------------------------------------
 
 
