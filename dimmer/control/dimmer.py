@@ -779,8 +779,10 @@ class DimmerController:
         # met faster spends the ramp rule's room the next windows need: prometheus-campus, 1.9 -> 2.6 % lost)
         leaning = bess_w >= 0 and not bool(np.any(stopped))
         lean_w = max(self._bess_lean_w(obs, discharge_plan_w) - bess_w, 0.0) if leaning else 0.0
-        ramp_head_w = max(max(target + ramp_allow, room_hi_w) + discharge_plan_w - bus_caps_w, 0.0)
-        headroom[0] = min(max(float(release[0]) - float(env[0]) + lean_w, 0.0), ramp_head_w)
+        headroom[0] = min(
+            max(float(release[0]) - float(env[0]) + lean_w, 0.0),
+            max(max(target + ramp_allow, room_hi_w) + discharge_plan_w - bus_caps_w, 0.0),
+        )
         headroom = np.where(cut > 0, 0.0, headroom)
 
         rack_at_risk: BoolArray | None = None  # (set where a reading is late or stale: _at_risk)
@@ -834,22 +836,6 @@ class DimmerController:
             # (and none in a period the bound cut: a lower-priority job would rise while a higher one was cut)
             lean_room_w = min(lean_w, bound_room_w) if cut[0] <= 0 else 0.0
             headroom[0] = min(headroom[0], max(float(release[0]) - import_w, 0.0) + lean_room_w)
-            # Where every peak is measured, the bound's own check (against the limit, with the battery's cover) is
-            # the campus's cut level, and a job its cap holds back may rise to a release band under it, lean or no
-            # lean (held to the release level on the prior's bound, prometheus-campus's RL and evaluation jobs sat
-            # at 920 W and 200 W for four minutes, the bound 50 MW under the limit, while a job that had not started
-            # held the lean). Only a job whose peaks reach its cap: a cap over a job's peak gains it nothing and
-            # raises the bound the battery must cover (small-battery's pretraining cap, risen 1,094 -> 1,200 W over
-            # peaks of 1,080 W, kept the battery at full discharge until it neared its reserve, and then the
-            # fine-tuning job was cut to 219 W: 3.1 -> 6.4 % lost). Not into the BBUs' relief: it lasts as long as
-            # their wear allowance, and a curtailment ramping down on utility-events met a 1.4 MW relief that ended
-            # within four periods, 0.2 s over the limit. And only once the rule's room is measured, two windows of
-            # readings: seeded from the first, it could not see the import the first cut had taken down, and the
-            # cover this room asks for ramped in on top of it (prometheus-campus, 13 s over the ramp limit).
-            bound_extra_w = 0.0
-            if all_measured and cut[0] <= 0 and self.ramp_room.seen >= 2 * self.ramp_room.n:
-                extra_room_w = ceiling_w + next_bess_w - bound_w - float(soft[0] - release[0])
-                bound_extra_w = min(extra_room_w, ramp_head_w) - float(headroom[0])
             # rise: slowly, within headroom, never for a job with untrusted telemetry that matters
             # (with no campus reading every job goes to the safe cap; a job with a late or stale rack that could take
             # a domain past its soft level (_at_risk) does not rise, and a stale one alone goes to the safe cap: the job
@@ -904,20 +890,6 @@ class DimmerController:
                 up = up + more
                 if more.any():
                     rise_w = self._domain_rise_w(up)
-            if bound_extra_w > 0:
-                held_peak_gpu_w = np.fmax(gpu_env, self.rm.gpu_draw_for_rack_w(self.peaks.held_w))
-                job_peak_w = np.zeros(n_jobs)
-                self._job_reduce(np.maximum, held_peak_gpu_w, job_peak_w)
-                binds = job_peak_w >= new_cap + up - p.cap_rise_w_per_s * dt
-                asking = np.where(binds & (reduction <= 0), np.maximum(want - up, 0.0), 0.0)
-                if np.any(asking > 0):
-                    room_w = headroom - rise_w
-                    room_w[0] += bound_extra_w
-                    more = grant(np.where(cut > 0, 0.0, np.maximum(room_w, 0.0)), self.job_gpus, asking, self.groups,
-                                 self.eta)  # fmt: skip
-                    up = up + more
-                    if more.any():
-                        rise_w = self._domain_rise_w(up)
             if rises or rise_w.any():
                 # (shifted in place: np.roll's rows without a new (n_env, n_domains) array each period)
                 self.recent_rise_w[1:] = self.recent_rise_w[:-1]
