@@ -724,6 +724,37 @@ def test_a_measured_peak_under_the_limit_is_not_cut_for_the_peak_a_mean_may_hide
     assert np.all(first_caps(mean_w) < site.gpu.rated_w)  # a flat reading may be a slow swing's trough: the prior
 
 
+def test_where_every_peak_is_measured_the_prior_s_bound_is_held_to_the_limit_not_the_margin() -> None:
+    """No battery, no rack BBUs; a job capped at 1,150 W whose every rack shows its swing (1,120 W peaks at 1,100 W
+    means). Its bound, its racks at their caps (under the prior's 15 % over the means), sits between the campus's 3 %
+    margin and the limit, its measured peaks under the margin. The prior is a margin on the measured peaks already:
+    held to the limit, the cap stays; held to the margin as well, it was cut for a peak the job never drew
+    (gb-frequency-event: its fine-tuning job held 230 W under its rated cap, 0.24 % of goodput)."""
+    spec = SiteSpec(
+        pcc=PccSpec(limit_mw=5.0, ramp_mw_per_min=60.0),
+        spare_rack_frac=0.0,
+        levels=[LevelSpec(level="row", count=2, rating_kw=1000), LevelSpec(level="rack", count=4)],
+        storage={"bbu": {"kw_per_rack": 0.0, "kwh_per_rack": 0.0}},  # type: ignore[arg-type]
+    )
+    site = build_site(spec, [JobPlacementSpec(name="pretrain", priority=10, racks=(0, 8))])
+
+    def campus_w(gpu_w: float) -> float:
+        return float(site.domain_load_w(site.rack_power_w(np.full(site.n_racks, gpu_w)))[0])
+
+    cap_w, mean_w, peak_w = 1150.0, 1100.0, 1120.0
+    limit_w = campus_w(cap_w) / 0.985
+    assert 0.97 * limit_w < campus_w(cap_w) < limit_w and campus_w(peak_w) < 0.97 * limit_w
+    ctrl = make_controller("dimmer", site)
+    assert isinstance(ctrl, DimmerController)
+    ctrl.cap_w = np.full(site.n_jobs, cap_w)
+    caps = np.full(site.n_racks, cap_w)
+    peaks = {"rack_load_peak_w": site.rack_power_w(np.full(site.n_racks, peak_w))}
+    for k in range(1, 11):
+        act = ctrl.step(_obs(site, float(k), mean_w, pcc_limit_w=limit_w, rack_cap_w=caps.copy(), **peaks))
+        caps = act.rack_cap_w
+        assert caps.min() >= cap_w, (k, act.reasons)
+
+
 def test_a_paced_row_waits_while_the_import_has_fallen_as_far_as_the_ramp_rule_allows() -> None:
     """A row over its rating whose breaker reports itself cool is brought down at the ramp: the controller's choice,
     not the breaker's need. Where the load falls by itself meanwhile (the other row's job goes to its rollouts,
