@@ -589,6 +589,21 @@ def test_the_battery_does_not_chase_a_spike_no_rack_confirms(check_frac: float) 
     assert act.rack_cap_w.min() == site.gpu.rated_w  # and nobody is capped for it either way
 
 
+def test_a_meter_reading_high_is_read_at_the_base_tolerance_not_the_racks_movement() -> None:
+    """The racks swing by 800 kW from one period to the next (a 2 s iteration read at 1 s), and the meter jumps to
+    twice the truth. The movement widens the band in which the meter counts as agreeing (a live meter is read over a
+    slightly different window), but it is no load: the reading planned on is at most the estimate plus the base
+    tolerance (2 % of the limit, 100 kW), not the band of up to 900 kW (spike-tight: the band cut its fine-tuning
+    job to 283 W)."""
+    check = _check()
+    _healthy(check, 60)
+    for k in range(10):
+        racks = 4e6 + (4e5 if k % 2 else -4e5)
+        v = check.update(2.0 * racks, True, racks, 0.0, 0.0, LIMIT_W, 1.0)
+        assert v.status == "high" and v.tolerance_w >= 5e5  # (the base 100 kW and the racks' 420-800 kW move)
+        assert v.estimate_w < v.used_w <= v.estimate_w + 0.02 * LIMIT_W + 1e-6
+
+
 def test_a_meter_reading_high_adds_nothing_to_the_bound() -> None:
     """The meter jumps to twice the truth on a campus whose racks at their caps sit 2.6 kW under its margin. Read
     as the top of the band the racks allow, the spike added the band (2 % of the limit, 21 kW) to the campus's

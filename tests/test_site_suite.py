@@ -124,3 +124,14 @@ def test_lost_rack_readings_on_tight_rows_cost_little_more_than_the_rows_do() ->
     for s in (lossy, clean):
         assert s["breaker_trips"] == 0 and s["pcc_overlimit_s"] == 0.0 and s["ramp_violation_s"] == 0.0
     assert lossy["goodput_loss_power_pct"] - clean["goodput_loss_power_pct"] < 1.0
+
+
+def test_a_meter_spike_on_a_site_near_its_limit_cuts_no_job() -> None:
+    """spike-tight: peaks 0.4 MW under a 19.6 MW limit, a 2 s swing read at 1 s, and the PCC meter reading twice the
+    import for a minute. Read as the top of its tolerance band, which counts a period's movement of the racks' sum
+    (up to ~1 MW on this swing), the spike cut the fine-tuning job to 283 W and its return broke the ramp rule (5.98 %
+    of GPU time lost, 11.4 s over the ramp limit). Read at the estimate and the base tolerance, it cuts nothing."""
+    path = next(p for p in SITES if p.stem == "spike-tight")
+    s = summarize(run(load_scenario(path, ["duration_s=660"]), controller="dimmer"))
+    assert s["breaker_trips"] == 0 and s["pcc_overlimit_s"] == 0.0 and s["ramp_violation_s"] == 0.0
+    assert s["goodput_loss_power_pct"] < 0.5
