@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -701,6 +702,23 @@ def test_a_start_ceiling_lowers_only_stopped_jobs_within_their_range_and_fits_th
         assert np.all(surge(out) <= room_w * (1 + 1e-9) + 1e-6)
 
 
+def _one_job_site(ramp_mw_per_min: float, storage: dict[str, Any]) -> tuple[SiteModel, Callable[[float], float]]:
+    """Two rows of 4 GB300 racks rated 1 MW each under a 5 MW interconnect, one job on every rack; and the campus's
+    load with every GPU drawing a given power."""
+    spec = SiteSpec(
+        pcc=PccSpec(limit_mw=5.0, ramp_mw_per_min=ramp_mw_per_min),
+        spare_rack_frac=0.0,
+        levels=[LevelSpec(level="row", count=2, rating_kw=1000), LevelSpec(level="rack", count=4)],
+        storage=storage,
+    )
+    site = build_site(spec, [JobPlacementSpec(name="pretrain", priority=10, racks=(0, 8))])
+
+    def campus_w(gpu_w: float) -> float:
+        return float(site.domain_load_w(site.rack_power_w(np.full(site.n_racks, gpu_w)))[0])
+
+    return site, campus_w
+
+
 def test_a_measured_peak_under_the_limit_is_not_cut_for_the_peak_a_mean_may_hide() -> None:
     """A 1 s mean hides a swing's peak: a job rack counts hidden_peak_frac above its mean, and what the battery cannot
     yet cover of that (it takes it on at the ramp) is cut. A rack that reports the highest sample of its window
@@ -709,16 +727,8 @@ def test_a_measured_peak_under_the_limit_is_not_cut_for_the_peak_a_mean_may_hide
     measured, the margin under the limit is the battery's to make as well (site-99pct peaks at 99 % of its limit).
     A measured peak over the limit is cut as before, and a flat reading (a slow swing's trough, perhaps) counts
     the prior."""
-    spec = SiteSpec(
-        pcc=PccSpec(limit_mw=5.0, ramp_mw_per_min=1.0),  # the battery's cover ramps in at ~12 kW a period
-        spare_rack_frac=0.0,
-        levels=[LevelSpec(level="row", count=2, rating_kw=1000), LevelSpec(level="rack", count=4)],
-        storage={"bess": {"power_mw": 1.0, "energy_mwh": 0.5}},  # type: ignore[arg-type]
-    )
-    site = build_site(spec, [JobPlacementSpec(name="pretrain", priority=10, racks=(0, 8))])
-
-    def campus_w(gpu_w: float) -> float:
-        return float(site.domain_load_w(site.rack_power_w(np.full(site.n_racks, gpu_w)))[0])
+    # (the battery's cover ramps in at ~12 kW a period)
+    site, campus_w = _one_job_site(1.0, {"bess": {"power_mw": 1.0, "energy_mwh": 0.5}})
 
     mean_w, peak_w = 1250.0, 1330.0  # the window mean, and its highest sample: a swing the reading shows
     assert campus_w(peak_w) < campus_w(min(mean_w * 1.15, site.gpu.rated_w))  # the prior lies above the peak
@@ -745,16 +755,7 @@ def test_where_every_peak_is_measured_the_prior_s_bound_is_held_to_the_limit_not
     margin and the limit, its measured peaks under the margin. The prior is a margin on the measured peaks already:
     held to the limit, the cap stays; held to the margin as well, it was cut for a peak the job never drew
     (gb-frequency-event: its fine-tuning job held 230 W under its rated cap, 0.24 % of goodput)."""
-    spec = SiteSpec(
-        pcc=PccSpec(limit_mw=5.0, ramp_mw_per_min=60.0),
-        spare_rack_frac=0.0,
-        levels=[LevelSpec(level="row", count=2, rating_kw=1000), LevelSpec(level="rack", count=4)],
-        storage={"bbu": {"kw_per_rack": 0.0, "kwh_per_rack": 0.0}},  # type: ignore[arg-type]
-    )
-    site = build_site(spec, [JobPlacementSpec(name="pretrain", priority=10, racks=(0, 8))])
-
-    def campus_w(gpu_w: float) -> float:
-        return float(site.domain_load_w(site.rack_power_w(np.full(site.n_racks, gpu_w)))[0])
+    site, campus_w = _one_job_site(60.0, {"bbu": {"kw_per_rack": 0.0, "kwh_per_rack": 0.0}})
 
     cap_w, mean_w, peak_w = 1150.0, 1100.0, 1120.0
     limit_w = campus_w(cap_w) / 0.985
