@@ -905,6 +905,8 @@ class DimmerController:
             if down.any() and not obs.job_running.all():
                 planned_w = env + self.recent_rise_w[0]
                 planned_w[0] = import_w + held_up_w + self.recent_rise_w[0][0]
+                room_w = soft - planned_w
+                room_w[0] = ceiling_w - planned_w[0]  # (the campus's under the bound's own ceiling)
                 # a stopped job comes back to what its racks drew when it last ran (their held peak, with the peaks
                 # the readings hide), at most its caps; to its caps where it has not run since this controller began
                 return_to_w = np.where(np.isfinite(self.ran_at_w), self.ran_at_w * (1.0 + p.hidden_peak_frac), np.inf)
@@ -915,7 +917,7 @@ class DimmerController:
                     down,
                     np.fmin(load_env, bound_rack),
                     np.where(np.isfinite(guard_w), np.clip(at_caps - guard_w, 0.0, bridged_w), 0.0),
-                    np.concatenate(([ceiling_w], soft[1:])) - planned_w,
+                    room_w,
                     self.job_gpus,
                     self.groups,
                     self.eta,
