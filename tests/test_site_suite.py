@@ -135,3 +135,31 @@ def test_a_meter_spike_on_a_site_near_its_limit_cuts_no_job() -> None:
     s = summarize(run(load_scenario(path, ["duration_s=660"]), controller="dimmer"))
     assert s["breaker_trips"] == 0 and s["pcc_overlimit_s"] == 0.0 and s["ramp_violation_s"] == 0.0
     assert s["goodput_loss_power_pct"] < 0.5
+
+
+def test_the_perturbed_sites_are_the_site_made_harder_as_the_bench_says() -> None:
+    """bench/site_perturb.py's variants: the limit 3 % lower, the ramp limit 30 % lower and half the battery where the
+    site has them (none where it does not), another seed; each loads as a scenario."""
+    import importlib.util
+    import tomllib
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "site_perturb.py"
+    spec = importlib.util.spec_from_file_location("site_perturb", path)
+    assert spec is not None and spec.loader is not None
+    perturb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(perturb)
+    site = next(p for p in SITES if p.stem == "spike-tight")  # a ramp limit and a battery
+    raw = tomllib.loads(site.read_text())
+    assert perturb.variant_overrides(raw, "limit-3pct") == ([f"site.pcc.limit_mw={19.6 * 0.97!r}"], None)
+    assert perturb.variant_overrides(raw, "ramp-30pct") == ([f"site.pcc.ramp_mw_per_min={1.5 * 0.7!r}"], None)
+    assert perturb.variant_overrides(raw, "half-battery") == (
+        ["site.storage.bess.power_mw=0.5", "site.storage.bess.energy_mwh=0.25"],
+        None,
+    )
+    assert perturb.variant_overrides(raw, "seed") == ([], raw["seed"] + 1000)
+    for variant in perturb.VARIANTS:
+        overrides, seed = perturb.variant_overrides(raw, variant)
+        loaded = load_scenario(site, [*overrides, "duration_s=5"])
+        assert loaded.site().pcc_limit_w > 0 and (seed is None or seed > 0)
+    no_battery = tomllib.loads(next(p for p in SITES if p.stem == "no-battery-start").read_text())
+    assert perturb.variant_overrides(no_battery, "half-battery") is None  # no battery: no such variant
