@@ -605,19 +605,18 @@ def test_a_meter_reading_high_is_read_at_the_base_tolerance_not_the_racks_moveme
         assert v.estimate_w < v.used_w <= v.estimate_w + 0.02 * LIMIT_W + 1e-6
 
 
-def test_a_capped_job_rises_where_the_prior_on_a_job_at_its_rated_cap_is_all_that_holds_it() -> None:
+def _held_beside_a_job_at_its_rated_cap(
+    storage: dict[str, Any], bess_soc: float
+) -> tuple[list[float], float, Callable[[float, float, float], float]]:
     """A pretraining job at its rated cap, every rack's peak measured (1,050 W at 1,000 W means), beside a
-    low-priority job held at 300 W whose peaks reach its cap. The campus's bound, the first job at the prior (15 %
-    over its held means) and the second at its caps, sits between the release and soft levels: counted whole it
-    lets nothing rise. The prior's share over the measured peaks is a margin on a job that cannot rise: the bound is
-    held to the limit with it and the planning level without it, so the held job rises, once the ramp rule's room is
-    measured (two windows), and never so far that the bound with the prior passes the limit (h100-sync-ckpt's lowest
-    job sat at the lowest cap for four minutes, 470 kW under the limit)."""
+    low-priority job held at 300 W whose peaks reach its cap, for 180 periods: the held job's cap each period, the
+    limit (the whole bound, the first job at the prior 15 % over its held means, between the release and soft
+    levels), and the campus's load with each job at a given power (and the first at a given prior)."""
     spec = SiteSpec(
         pcc=PccSpec(limit_mw=10.0, ramp_mw_per_min=60.0),
         spare_rack_frac=0.0,
         levels=[LevelSpec(level="row", count=2, rating_kw=2000), LevelSpec(level="rack", count=4)],
-        storage={"bbu": {"kw_per_rack": 0.0, "kwh_per_rack": 0.0}},  # type: ignore[arg-type]
+        storage={"bbu": {"kw_per_rack": 0.0, "kwh_per_rack": 0.0}, **storage},
     )
     jobs = [
         JobPlacementSpec(name="pretrain", priority=10, racks=(0, 4)),
@@ -631,8 +630,7 @@ def test_a_capped_job_rises_where_the_prior_on_a_job_at_its_rated_cap_is_all_tha
         return float(site.domain_load_w(np.where(big, prior * rack_w, rack_w))[0])
 
     held_w = 300.0
-    bound_w = campus_w(1000.0, held_w, prior=1.15)  # (the prior: 15 % over the racks' held means)
-    limit_w = bound_w / 0.965  # the whole bound between release (0.96) and soft (0.97)
+    limit_w = campus_w(1000.0, held_w, prior=1.15) / 0.965  # the whole bound between release (0.96) and soft (0.97)
     assert campus_w(1050.0, held_w) < 0.93 * limit_w  # the measured peaks well under the release level
     ctrl = make_controller("dimmer", site)
     assert isinstance(ctrl, DimmerController)
@@ -643,16 +641,38 @@ def test_a_capped_job_rises_where_the_prior_on_a_job_at_its_rated_cap_is_all_tha
         small_peak_w = np.minimum(caps, 1000.0)  # it would draw 1,000 W; at its peaks it draws to its cap
         peak_w = np.where(big, 1050.0, small_peak_w)
         mean_w = np.where(big, 1000.0, 0.9 * small_peak_w)
-        kw = {"rack_load_peak_w": site.rack_power_w(peak_w), "rack_cap_w": caps.copy()}
+        kw = {"rack_load_peak_w": site.rack_power_w(peak_w), "rack_cap_w": caps.copy(), "bess_soc_frac": bess_soc}
         act = ctrl.step(_obs(site, float(k), mean_w, pcc_limit_w=limit_w, **kw))
         caps = act.rack_cap_w
         top.append(float(caps[~big].max()))
         assert not any(r.layer in ("grid", "emergency") for r in act.reasons), (k, act.reasons)
         assert np.all(caps[big] == site.gpu.rated_w)
+    return top, limit_w, campus_w
+
+
+def test_a_capped_job_rises_where_the_prior_on_a_job_at_its_rated_cap_is_all_that_holds_it() -> None:
+    """No battery. The campus's bound counted whole lets nothing rise; the prior's share over the measured peaks is
+    a margin on a job that cannot rise: the bound is held to the limit with it and the planning level without it, so
+    the held job rises, once the ramp rule's room is measured (two windows), and never so far that the bound with
+    the prior passes the limit (h100-sync-ckpt's lowest job sat at the lowest cap for four minutes, 470 kW under the
+    limit)."""
+    top, limit_w, campus_w = _held_beside_a_job_at_its_rated_cap({}, math.nan)
     n_window = 60  # periods in the ramp rule's window
-    assert max(top[: 2 * n_window - 1]) == held_w  # the rule's room seeded, not measured: held
-    assert top[-1] > held_w + 50.0  # then it rises
-    assert campus_w(1000.0, top[-1], prior=1.15) <= limit_w  # the whole bound, prior and all, within the limit
+    assert max(top[: 2 * n_window - 1]) == 300.0  # the rule's room seeded, not measured: held
+    assert top[-1] > 300.0 + 50.0  # then it rises
+    assert campus_w(1000.0, top[-1], 1.15) <= limit_w  # the whole bound, prior and all, within the limit
+
+
+def test_a_battery_whose_plan_tapers_keeps_the_prior_in_the_planning_level() -> None:
+    """The same with a small battery. It covers the whole bound over the margin, so with its charge in the band
+    where its plan tapers toward its reserve (SoC 0.2: 0.1 + 0.15) the campus is planned on the whole bound again and
+    the held job stays (without that, it rose to 493 W; utility-events on another seed drained its battery so before
+    a curtailment and went 0.2 s over the falling limit); with its charge at 0.5 it rises as before."""
+    battery = {"bess": {"power_mw": 0.05, "energy_mwh": 0.05}}
+    tapering, _, _ = _held_beside_a_job_at_its_rated_cap(battery, 0.2)
+    assert max(tapering) < 300.0 + 10.0
+    full, _, _ = _held_beside_a_job_at_its_rated_cap(battery, 0.5)
+    assert full[-1] > 300.0 + 100.0
 
 
 def test_a_meter_reading_high_adds_nothing_to_the_bound() -> None:
