@@ -25,10 +25,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from site_suite import SITES, site_paths  # (its import keeps numpy to one thread a process, as runs here want)
 
-REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ("limit-3pct", "ramp-30pct", "half-battery", "seed")
 
 
@@ -52,17 +51,13 @@ def variant_overrides(raw: dict[str, Any], variant: str) -> tuple[list[str], int
     raise ValueError(variant)
 
 
-def run_one(path: str, variant: str, controller: str) -> dict[str, Any]:
+def run_one(path: str, variant: str, controller: str, overrides: list[str], seed: int | None) -> dict[str, Any]:
     """One controller on one variant of one site: the figures the table prints, or the error that stopped it."""
     import numpy as np
 
     from gridsim.compare import compare, summaries
     from gridsim.scenario import load_scenario
 
-    with open(path, "rb") as f:
-        how = variant_overrides(tomllib.load(f), variant)
-    assert how is not None
-    overrides, seed = how
     row: dict[str, Any] = {"site": Path(path).stem, "variant": variant, "controller": controller}
     try:
         res = compare(load_scenario(path, overrides), [controller], seed=seed)[0]
@@ -84,7 +79,7 @@ def run_one(path: str, variant: str, controller: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dir", type=Path, default=REPO / "scenarios" / "sites", help="a folder of scenarios")
+    ap.add_argument("--dir", type=Path, default=SITES, help="a folder of scenarios (default: scenarios/sites)")
     ap.add_argument("--only", action="append", default=[], help="a site (the file's stem); a comma list or repeated")
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"a comma list of {', '.join(VARIANTS)}")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel processes (default: all cores)")
@@ -92,15 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     variants = [v for v in args.variants.split(",") if v]
     if unknown := [v for v in variants if v not in VARIANTS]:
         ap.error(f"--variants: no variant {unknown[0]!r} (have: {', '.join(VARIANTS)})")
-    only = {n for item in args.only for n in item.split(",") if n}
-    paths = [p for p in sorted(args.dir.glob("*.toml")) if not only or p.stem in only]
-    if not paths:
-        ap.error(f"--dir/--only: no scenario to run in {args.dir}")
-    runs = []
-    for p in paths:
+    runs = []  # (path, variant, controller, overrides, seed)
+    for p in site_paths([n for item in args.only for n in item.split(",") if n], args.dir):
         with p.open("rb") as f:
             raw = tomllib.load(f)
-        runs += [(str(p), v, c) for v in variants if variant_overrides(raw, v) is not None for c in ("dimmer", "none")]
+        for v in variants:
+            if (how := variant_overrides(raw, v)) is not None:
+                runs += [(str(p), v, c, *how) for c in ("dimmer", "none")]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
         rows = list(pool.map(run_one, *zip(*runs, strict=True)))
@@ -111,10 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("|---|---|---|---|---|")
     failed = False
-    for site, variant, controller in runs:
-        if controller != "dimmer":
-            continue
-        d, n = by[(site := Path(site).stem, variant, "dimmer")], by[(site, variant, "none")]
+    for site, variant in [(Path(path).stem, v) for path, v, c, *_ in runs if c == "dimmer"]:
+        d, n = by[(site, variant, "dimmer")], by[(site, variant, "none")]
         if "error" in d or "error" in n:
             failed = True
             print(f"| {site} | {variant} | {d.get('error', '')} | {n.get('error', '')} | error |")
