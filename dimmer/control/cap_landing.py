@@ -48,6 +48,7 @@ class CapLanding:
         self.learned_at_s = -math.inf
         self.landed_at_s = -math.inf  # when a write last landed anywhere
         self.waiting_since_s = -math.inf  # when the first write since then was sent
+        self.waited_s = 0.0  # how long ago that was, while it has not landed (0: none waits)
 
     def delay_s(self, t_s: float) -> float:
         """How long a write takes to land here, as far as is known at t_s (s)."""
@@ -57,11 +58,12 @@ class CapLanding:
     def in_flight(self, t_s: float, period_s: float, reported_w: FloatArray) -> BoolArray:
         """The racks whose last write has not landed and is not yet overdue, given the caps they report now."""
         pending = self.pending
+        self.waited_s = 0.0
         if not pending.any():
             return pending
         # (a write that reached its cap, or a tenth of its step from it: an in-band lag's tail is what the GPUs
-        # enforce; an older write landing on the way to it is not this one. NaN, a cap not reported: not landed.
-        # Worked out on the racks with a write pending only: most periods, a job's worth or none)
+        # enforce; an older write landing on the way to it is not this one. NaN, a cap not reported: not landed)
+        # (on the racks with a write pending only: most periods, a job's worth or none)
         idx = np.flatnonzero(pending)
         sent_w = self.sent_w[idx]
         gap_w = np.abs(reported_w[idx] - sent_w)
@@ -79,11 +81,9 @@ class CapLanding:
         age = t_s - self.sent_at_s
         delay_s = self.delay_s(t_s)
         unlanded = pending & (self.sent_at_s > self.landed_at_s) & (age <= self.max_s)
-        # how long the writes since the last landing have waited: since the first of them (a write each period
-        # renews each rack's own time)
-        waited_s = 0.0
         if unlanded.any() and self.waiting_since_s > self.landed_at_s:
-            waited_s = min(t_s - self.waiting_since_s, self.max_s)
+            # (since the first write after the last landing: a write each period renews each rack's own time)
+            self.waited_s = min(t_s - self.waiting_since_s, self.max_s)
         # Where writes are known to land within the readings' own lag (a period or two), a write not landed counts
         # at the cap reported: a cut then made again is a period's, and once landed it is the conservative side (a
         # daemon whose rack devices report a cap 2 s after it is enforced settled its caps 150 W a GPU lower and held
@@ -91,7 +91,7 @@ class CapLanding:
         # battery). Where they take longer (a slow path), or the writes sent since the last landing (or since the
         # start) have waited longer than that (a path slower than any seen), a write is in flight.
         fast_s = FAST_PERIODS * period_s
-        if delay_s <= fast_s and waited_s < fast_s:
+        if delay_s <= fast_s and self.waited_s < fast_s:
             return np.zeros_like(pending)
         due = age < delay_s + 0.5 * period_s
         out: BoolArray = pending & np.isfinite(reported_w) & (due | unlanded)
@@ -101,10 +101,12 @@ class CapLanding:
         """The caps sent at t_s, and the caps the racks reported when they were: a rack whose cap moved by more
         than the tolerance has a new write in flight."""
         moved = np.abs(cap_w - self.sent_w) > self.tol_w
-        if moved.any():
-            if self.waiting_since_s <= self.landed_at_s:
-                self.waiting_since_s = t_s
-            self.sent_at_s = np.where(moved, t_s, self.sent_at_s)
-            self.from_w = np.where(moved, reported_w, self.from_w)
-            self.pending = self.pending | moved
-        np.copyto(self.sent_w, cap_w)  # (a move within the tolerance is no new write, but the cap it reaches)
+        if not moved.any():
+            np.copyto(self.sent_w, cap_w)  # (a move within the tolerance is no new write, but the cap it reaches)
+            return
+        if self.waiting_since_s <= self.landed_at_s:
+            self.waiting_since_s = t_s
+        self.sent_at_s = np.where(moved, t_s, self.sent_at_s)
+        self.from_w = np.where(moved, reported_w, self.from_w)
+        self.pending = self.pending | moved
+        self.sent_w = np.array(cap_w, dtype=np.float64)

@@ -433,8 +433,7 @@ class DimmerController:
         job_racks = self.job_racks
         # (a rack whose cut is still on its way counts at the cap sent: cap_landing.py)
         in_flight = self.landing.in_flight(obs.t_s, dt, obs.rack_cap_w)
-        any_in_flight = bool(in_flight.any())
-        reported_w = np.where(in_flight, self.landing.sent_w, obs.rack_cap_w) if any_in_flight else obs.rack_cap_w
+        reported_w = np.where(in_flight, self.landing.sent_w, obs.rack_cap_w) if in_flight.any() else obs.rack_cap_w
         rack_caps, at_caps = self._caps_in_force(reported_w)  # (this period's are decided below)
         gpu_env = self.rm.gpu_draw_for_rack_w(load_env)
         under_caps = np.where(job_racks, self.rm.rack_power_w(np.minimum(gpu_env, rack_caps)), load_env)
@@ -478,7 +477,7 @@ class DimmerController:
         # battery, which acts now, covers it, and a rack's reading is judged against it (not the caps, which would
         # otherwise cut again every period until the first cut shows, out of band for 40 s)
         late_rack_w: FloatArray | float = 0.0
-        if any_in_flight:
+        if in_flight.any():
             enforced_w = np.where(np.isfinite(obs.rack_cap_w), obs.rack_cap_w, gpu.rated_w)
             now_w = np.fmin(self.rm.rack_power_w(np.maximum(rack_caps, enforced_w)), np.fmax(held_peak_w, load_env))
             late_rack_w = np.where(job_rack_now & in_flight, np.maximum(now_w - hidden, 0.0), 0.0)
