@@ -53,9 +53,9 @@ class DimmerParams(Strict):
     # the GPUs' settling
     limit_lead_periods: float = Field(default=2.0, ge=0)
     # how long a cap write takes to be enforced here, as the operator knows it (caps set through a BMC: tens of
-    # seconds; POLCA, ASPLOS 2024: up to ~40 s); 0: as learned from the writes that land (cap_landing.py). Where that
-    # is over two periods, a cut not yet landed counts at the cap sent in the caps' plan for the longer of this and
-    # the learned delay, and half a period; then it is lost, and its rack counts at the cap it reports
+    # seconds; POLCA, ASPLOS 2024: up to ~40 s); 0: as learned from the writes that land (cap_landing.py). A write not
+    # landed within the longer of that and the learned delay, and half a period, is lost: its rack counts at the cap
+    # it reports
     cap_delay_s: float = Field(default=0.0, ge=0, le=600)
     # ... and before any write has landed since it was sent (every write delayed, none lost), this long at most
     cap_landing_max_s: float = Field(default=60.0, ge=0, le=600)
