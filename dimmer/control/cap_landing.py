@@ -63,21 +63,15 @@ class CapLanding:
             return pending
         # (a write that reached its cap, or a tenth of its step from it: an in-band lag's tail is what the GPUs
         # enforce; an older write landing on the way to it is not this one. NaN, a cap not reported: not landed)
-        # (on the racks with a write pending only: most periods, a job's worth or none)
-        idx = np.flatnonzero(pending)
-        sent_w = self.sent_w[idx]
-        gap_w = np.abs(reported_w[idx] - sent_w)
-        landed = (gap_w <= self.tol_w) | (gap_w <= 0.1 * np.abs(sent_w - self.from_w[idx]))
+        gap_w = np.abs(reported_w - self.sent_w)
+        landed = pending & ((gap_w <= self.tol_w) | (gap_w <= 0.1 * np.abs(self.sent_w - self.from_w)))
         if landed.any():
-            sample = float(np.max(t_s - self.sent_at_s[idx[landed]]))
+            sample = float(np.max(t_s - self.sent_at_s[landed]))
             if sample >= self.delay_s(t_s):  # (a longer delay is believed at once, a shorter one as it decays)
                 self.learned_s, self.learned_at_s = sample, t_s
             self.landed_at_s = t_s
-            pending = pending.copy()
-            pending[idx[landed]] = False
+            pending = pending & ~landed
             self.pending = pending
-            if not pending.any():
-                return pending
         age = t_s - self.sent_at_s
         delay_s = self.delay_s(t_s)
         unlanded = pending & (self.sent_at_s > self.landed_at_s) & (age <= self.max_s)
@@ -101,12 +95,10 @@ class CapLanding:
         """The caps sent at t_s, and the caps the racks reported when they were: a rack whose cap moved by more
         than the tolerance has a new write in flight."""
         moved = np.abs(cap_w - self.sent_w) > self.tol_w
-        if not moved.any():
-            np.copyto(self.sent_w, cap_w)  # (a move within the tolerance is no new write, but the cap it reaches)
-            return
-        if self.waiting_since_s <= self.landed_at_s:
-            self.waiting_since_s = t_s
-        self.sent_at_s = np.where(moved, t_s, self.sent_at_s)
-        self.from_w = np.where(moved, reported_w, self.from_w)
-        self.pending = self.pending | moved
+        if moved.any():
+            if self.waiting_since_s <= self.landed_at_s:
+                self.waiting_since_s = t_s
+            self.sent_at_s = np.where(moved, t_s, self.sent_at_s)
+            self.from_w = np.where(moved, reported_w, self.from_w)
+            self.pending = self.pending | moved
         self.sent_w = np.array(cap_w, dtype=np.float64)
