@@ -915,17 +915,20 @@ def test_a_rack_unheard_for_twice_stale_s_takes_its_job_to_the_safe_cap() -> Non
     """No lost reading but a meter gone: a synchronous job runs at its slowest rack's pace, so its other racks' power
     above the stale rack's safe cap buys nothing, and the job follows the rack there (a row's meters gone for good
     under a curtailment: 12 % of GPU time lost with the job held, 7 % with it at the safe cap)."""
-    site = _site()
+    site = _site(row_kw=360.0)  # (the rack at its most, its row's others at their caps, could pass the soft level)
     ctrl, cap = _rl_capped_and_rising(site)
     assert isinstance(ctrl, DimmerController)
     rl = np.flatnonzero(site.rack_job == site.job_name.index("rl"))
     power = site.rack_power_w(np.full(site.n_racks, 600.0))
     power[5] = np.nan
     age = np.full(site.n_racks, 1.0)
-    caps = []
+    caps = [ctrl.prev_rack_cap_w.copy()]
     for k in range(1, 16):  # (the last reading was taken at 9 s)
         age[5] = 1.0 + k
-        caps.append(ctrl.step(_obs(site, 10.0 + k, 600.0, rack_power_w=power, rack_age_s=age)).rack_cap_w)
+        # (the GPUs report the caps sent, in band: a cut that never shows would be a write still on its way)
+        obs = _obs(site, 10.0 + k, 600.0, rack_power_w=power, rack_age_s=age, rack_cap_w=caps[-1].copy())
+        caps.append(ctrl.step(obs).rack_cap_w)
+    caps = caps[1:]
     unheard_s = np.array([10.0 + k - 9.0 for k in range(1, 16)])
     held = (unheard_s > ctrl.p.stale_s) & (unheard_s <= 2 * ctrl.p.stale_s)
     assert held.sum() >= 4  # (periods with the rack stale and its job held)

@@ -35,6 +35,7 @@ from pydantic import ValidationError
 from dimmer.control import register
 from dimmer.control.allocation import JobGpus, grant, job_gpus_per_domain, plan_groups, shed, shed_past_the_draw
 from dimmer.control.campus_battery import bess_room, campus_level, soc_pull_w
+from dimmer.control.cap_landing import CapLanding
 from dimmer.control.dimmer_params import DimmerParams
 from dimmer.control.ffr import FastFrequencyResponse
 from dimmer.control.filters import LowPass, Window, progressive_cut_w
@@ -116,6 +117,7 @@ class DimmerController:
         self.rack_seen_t_s = np.full(site.n_racks, -np.inf)  # when each rack's last good reading was taken
         self.pace_level_w = np.full(site.n_domains, np.inf)  # a paced domain's planned level last period
         self.prev_rack_cap_w = np.full(site.n_racks, gpu.rated_w)
+        self.landing = CapLanding(site.n_racks, gpu.rated_w, params.cap_delay_s, params.cap_landing_max_s)
         # (_caps_in_force's inputs, as copies, and what it worked out of them: never written to by the step)
         self._caps_kept: tuple[FloatArray, FloatArray, FloatArray, FloatArray] | None = None
         # state
@@ -429,7 +431,11 @@ class DimmerController:
         # Readings lag the caps by a period or two: what the racks can draw under the caps in force now bounds
         # every estimate below, or a cut already made would be made again every period until the readings catch up.
         job_racks = self.job_racks
-        rack_caps, at_caps = self._caps_in_force(obs.rack_cap_w)  # (this period's are decided below)
+        # (a rack whose cut is still on its way counts at the cap sent: cap_landing.py)
+        in_flight = self.landing.in_flight(obs.t_s, dt, obs.rack_cap_w)
+        any_in_flight = bool(in_flight.any())
+        reported_w = np.where(in_flight, self.landing.sent_w, obs.rack_cap_w) if any_in_flight else obs.rack_cap_w
+        rack_caps, at_caps = self._caps_in_force(reported_w)  # (this period's are decided below)
         gpu_env = self.rm.gpu_draw_for_rack_w(load_env)
         under_caps = np.where(job_racks, self.rm.rack_power_w(np.minimum(gpu_env, rack_caps)), load_env)
         under_caps_w = self.rm.domain_load_w(under_caps)
@@ -468,6 +474,15 @@ class DimmerController:
         held_peak_w = self.long_env_w * (1.0 + p.hidden_peak_frac)
         hidden = np.fmin(at_caps, np.fmax(held_peak_w, load_env))
         bound_rack = np.where(job_rack_now, hidden, load_env)
+        # What the racks whose cuts are still on their way may draw over the caps sent until the cuts land: the
+        # battery, which acts now, covers it, and a rack's reading is judged against it (not the caps, which would
+        # otherwise cut again every period until the first cut shows, out of band for 40 s)
+        late_rack_w: FloatArray | float = 0.0
+        if any_in_flight:
+            enforced_w = np.where(np.isfinite(obs.rack_cap_w), obs.rack_cap_w, gpu.rated_w)
+            now_w = np.fmin(self.rm.rack_power_w(np.maximum(rack_caps, enforced_w)), np.fmax(held_peak_w, load_env))
+            late_rack_w = np.where(job_rack_now & in_flight, np.maximum(now_w - hidden, 0.0), 0.0)
+        late_w = float(np.sum(late_rack_w))
         # racks that count at their caps: a cap change moves their bound
         live_rack = job_rack_now & (at_caps <= held_peak_w)
         # A job rack whose job is not running (a stall, a crash, a restart) is held by its BBU near what it draws
@@ -551,7 +566,11 @@ class DimmerController:
         # row (the smaller of the two is its rate); a step has already arrived and is not extrapolated.
         pcc_limit_w = obs.pcc_limit_w
         fall_w = 0.0 if self.prev_pcc_limit_w is None else max(self.prev_pcc_limit_w - pcc_limit_w, 0.0)
-        pcc_limit_w -= min(fall_w, self.prev_limit_fall_w) * p.limit_lead_periods
+        fall_rate_w = min(fall_w, self.prev_limit_fall_w)
+        pcc_limit_w -= fall_rate_w * p.limit_lead_periods
+        # The caps plan further along it, as far as a cap written now may take to land (out of band, tens of
+        # seconds); the battery, which acts now, on the limit as it will be when it does.
+        cap_lead_w = fall_rate_w * max(self.landing.delay_s(obs.t_s) / dt + 1.0 - p.limit_lead_periods, 0.0)
         self.prev_pcc_limit_w, self.prev_limit_fall_w = obs.pcc_limit_w, fall_w
         grid_cap = pcc_limit_w * p.pcc_margin_frac
         bus_now_w = bus_w
@@ -640,7 +659,7 @@ class DimmerController:
         self.grid_target_w = target
         gap = bus_w - target  # > 0: the battery must give; < 0: it must take
         # charging only under what the racks may draw (their caps, not the readings that hide the peaks)
-        charge_w = min(charge_w, max(grid_cap - cut_bound_w, 0.0))
+        charge_w = min(charge_w, max(grid_cap - cut_bound_w - late_w, 0.0))
         bess_w = clip_float(gap, -charge_w, discharge_w)
         # The battery first keeps the import inside the rule's room: it gives what a level above it would bring (as far
         # as its plan allows; the caps take the rest) and takes what a fall below it would (the floors the rest).
@@ -661,7 +680,7 @@ class DimmerController:
         # of its own would be a ramp violation), the caps meanwhile; a reading over the limit is met at once above.
         # It carries at most the planned share of what the ramp rule lets one window change by: a battery reverts to
         # 0 W when its controller goes silent (SunSpec WSetRvrtTms), and that step must stay within the rule.
-        cover_w = min(cut_bound_w - grid_cap, discharge_plan_w, ramp_budget_w)
+        cover_w = min(cut_bound_w + late_w - grid_cap, discharge_plan_w, ramp_budget_w)
         ramp_in = ramp_step if math.isfinite(ramp_step) else math.inf
         # (the prior's share is left to the cover only while the cover gains on it: a limit falling faster than the
         # ramp, a curtailment, outruns it, and the caps must lead it as the readings cannot)
@@ -692,7 +711,7 @@ class DimmerController:
         self.bound_cover_w = max(min(cover_w, self.bound_cover_w + ramp_in), 0.0)
         bess_w = max(bess_w, min(self.bound_cover_w, cover_w))
         held_up_w = max(unheld_w - bess_w, 0.0)  # (what is left of it once the limit and the bound are met)
-        limit[0] = min(float(limit[0]), pcc_limit_w)
+        limit[0] = min(float(limit[0]), pcc_limit_w - cap_lead_w)
         # What the battery leaves above the rule's room is cut, on the level (a swing's peak reading is no rise; a
         # job start shows in the level within two readings) and never past what the caps in force allow.
         grid_cut = max(min(bus_now_w, bus_w, float(under_caps_w[0])) - bess_w - room_hi_w, 0.0)
@@ -868,7 +887,7 @@ class DimmerController:
                 stale_job[:] = True
                 late_job[:] = True
             elif not all_fresh or not rack_ok.all():
-                rack_at_risk = self._at_risk(~rack_ok | ~fresh, bound_rack, overhead_w, soft)
+                rack_at_risk = self._at_risk(~rack_ok | ~fresh, bound_rack + late_rack_w, overhead_w, soft)
                 risky = rack_at_risk & self.running_rack
                 late_job[site.rack_job[risky]] = True
                 unheard_s = obs.t_s - np.maximum(self.rack_seen_t_s, self.first_t_s)  # (by our clock, from our start)
@@ -973,6 +992,7 @@ class DimmerController:
             rack_cap = np.where(fresh, rack_cap, np.minimum(rack_cap, self.prev_rack_cap_w))
         rack_cap = self._catch_up(rack_cap, rack_caps, ramp_allow)
         self.prev_rack_cap_w = rack_cap
+        self.landing.sent(obs.t_s, rack_cap, obs.rack_cap_w)
 
         # 3. trough filling -----------------------------------------------------------------------------------------
         # Fill only under domains with room: a floor on a rack whose breaker is being relieved would burn energy

@@ -52,6 +52,13 @@ class DimmerParams(Strict):
     # a falling limit (a curtailment ramping down) is planned this many periods ahead: a reading, a decision and
     # the GPUs' settling
     limit_lead_periods: float = Field(default=2.0, ge=0)
+    # how long a cap write takes to be enforced here, as the operator knows it (caps set through a BMC: tens of
+    # seconds; POLCA, ASPLOS 2024: up to ~40 s); 0: as learned from the writes that land (cap_landing.py). Where that
+    # is over two periods, a cut not yet landed counts at the cap sent in the caps' plan for the longer of this and
+    # the learned delay, and half a period; then it is lost, and its rack counts at the cap it reports
+    cap_delay_s: float = Field(default=0.0, ge=0, le=600)
+    # ... and before any write has landed since it was sent (every write delayed, none lost), this long at most
+    cap_landing_max_s: float = Field(default=60.0, ge=0, le=600)
     # plan on this share of the utility ramp limit: the rest absorbs what the plan does not command (restart
     # surges, BBU recharge ending, telemetry lag); 0.7 held every library scenario with no violation
     ramp_margin_frac: float = Field(default=0.7, gt=0, le=1)
