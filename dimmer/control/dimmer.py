@@ -478,10 +478,17 @@ class DimmerController:
         # battery, which acts now, covers it, and a rack's reading is judged against it (not the caps, which would
         # otherwise cut again every period until the first cut shows, out of band for 40 s)
         late_rack_w: FloatArray | float = 0.0
+        # (and no cap rises on room that only those cuts make, nor on room a rise still on its way has taken: the
+        # readings show neither until it lands. A job given that room at once had its rise land with the cuts, past
+        # the limit, under a battery too small to cover both: a curtailment under caps 15 s late, 518 kW over it)
+        unseen_move_dom_w: FloatArray | None = None
         if any_in_flight:
             enforced_w = np.where(np.isfinite(obs.rack_cap_w), obs.rack_cap_w, gpu.rated_w)
             now_w = np.fmin(self.rm.rack_power_w(np.maximum(rack_caps, enforced_w)), np.fmax(held_peak_w, load_env))
-            late_rack_w = np.where(job_rack_now & in_flight, np.maximum(now_w - hidden, 0.0), 0.0)
+            moving = job_rack_now & in_flight
+            late_rack_w = np.where(moving, np.maximum(now_w - hidden, 0.0), 0.0)
+            rising_w = self.rm.rack_power_w(rack_caps) - self.rm.rack_power_w(enforced_w)
+            unseen_move_dom_w = self.rm.domain_load_w(late_rack_w + np.where(moving, np.maximum(rising_w, 0.0), 0.0))
         late_w = float(np.sum(late_rack_w))
         # racks that count at their caps: a cap change moves their bound
         live_rack = job_rack_now & (at_caps <= held_peak_w)
@@ -821,6 +828,8 @@ class DimmerController:
             max(max(target + ramp_allow, room_hi_w) + discharge_plan_w - bus_caps_w, 0.0),
         )
         headroom = np.where(cut > 0, 0.0, headroom)
+        if unseen_move_dom_w is not None:
+            headroom = np.maximum(headroom - unseen_move_dom_w, 0.0)
 
         rack_at_risk: BoolArray | None = None  # (set where a reading is late or stale: _at_risk)
         n_jobs = site.n_jobs
@@ -922,6 +931,8 @@ class DimmerController:
                 # (the campus's own band only for a job back from its start ceiling: the campus's headroom is
                 # also the ramp rule's room, which a band on top of it would overrun)
                 band_left_w[0] = max(float(soft[0] - release[0]), 0.0) if from_ceiling else 0.0
+                if unseen_move_dom_w is not None:
+                    band_left_w = np.maximum(band_left_w - unseen_move_dom_w, 0.0)
                 band_w = np.where(cut > 0, 0.0, headroom - rise_w + band_left_w)
                 more = grant(np.maximum(band_w, 0.0), self.job_gpus, asking, self.groups, self.eta)
                 up = up + more
