@@ -82,6 +82,9 @@ class SiteModel:
     bess: BessRatings
     # each job's throughput under a cap; () or a job's entry `gpu.throughput`: the GPU preset's curve
     job_throughput: tuple[ThroughputCurve, ...] = ()
+    # how a cap reaches the GPUs: "inband" (NVML, the driver: within a period) or "oob" (through a BMC: tens of
+    # seconds). The controller learns the delay from the writes that land; this is what it knows before any has.
+    cap_path: str = "inband"
 
     @property
     def n_racks(self) -> int:

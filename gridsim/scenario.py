@@ -13,6 +13,7 @@ racks; a scenario file is at most dimmer.inputfile.MAX_TOML_BYTES, nested at mos
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import sys
 import tomllib
@@ -249,7 +250,9 @@ class LoadedScenario:
             else j
             for j in self.scenario.jobs
         ]
-        return build_site(self.scenario.site, jobs, source=self.source)
+        site = build_site(self.scenario.site, jobs, source=self.source)
+        # (the operator knows how the caps are written, if not how long they take: the plant's [gpu] path)
+        return dataclasses.replace(site, cap_path=self.scenario.gpu.path)
 
 
 def parse_override(text: str, source: str = "--set") -> tuple[list[str | int], Any]:

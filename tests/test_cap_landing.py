@@ -184,3 +184,34 @@ def test_no_rise_is_granted_on_room_that_only_cuts_still_on_their_way_make() -> 
     assert s["breaker_trips"] == 0
     assert s["pcc_overlimit_s"] == 0.0
     assert s["goodput_loss_power_pct"] < 9.0  # (7.3 % over these 450 s; 9.5 % with every job cut to 200 W)
+
+
+def test_before_any_write_has_landed_an_out_of_band_site_takes_its_writes_to_need_the_prior() -> None:
+    """Caps through a BMC: until a write is seen landing, one is taken to need `prior_s` (in flight from the first
+    period, not after two); the first landing's delay then replaces it, shorter or longer."""
+    cl = CapLanding(2, RATED_W, 0.0, 60.0, prior_s=40.0)
+    assert cl.delay_s(0.0) == 40.0
+    cl.sent(0.0, np.array([800.0, 900.0]), np.full(2, RATED_W))
+    assert cl.in_flight(1.0, 1.0, np.full(2, RATED_W)).all()
+    assert not cl.in_flight(15.0, 1.0, np.array([800.0, 900.0])).any()
+    assert cl.delay_s(15.0) == 15.0
+    inband = CapLanding(2, RATED_W, 0.0, 60.0)
+    inband.sent(0.0, np.array([800.0, 900.0]), np.full(2, RATED_W))
+    assert not inband.in_flight(1.0, 1.0, np.full(2, RATED_W)).any()  # (the readings' own lag, as before)
+
+
+def test_a_curtailment_under_out_of_band_caps_is_met_before_any_write_has_landed() -> None:
+    """oob-curtail with half its battery (1 MW / 0.5 MWh), caps 40 s late, the limit falling 3.5 MW over two
+    minutes: the first cut goes out before any write has landed. Planned on the readings' lag alone, it went out
+    when the battery could no longer cover the fall and landed 40 s later: 5.2 s over the curtailed limit. With the
+    site's cap path known (out of band) the caps lead the fall by what a BMC write needs, less what the battery can
+    still give."""
+    path = Path(__file__).resolve().parents[1] / "scenarios" / "sites" / "oob-curtail.toml"
+    half = ["duration_s=600", "site.storage.bess.power_mw=1.0", "site.storage.bess.energy_mwh=0.5"]
+    loaded = load_scenario(path, half)
+    assert loaded.site().cap_path == "oob"
+    s = summarize(run(loaded, "dimmer"))
+    assert s["breaker_trips"] == 0
+    assert s["pcc_overlimit_s"] == 0.0
+    assert s["ramp_violation_s"] == 0.0
+    assert s["goodput_loss_power_pct"] < 3.0  # (1.5 %; 19 % where each period's cut was made again until it showed)

@@ -12,6 +12,8 @@ So a write whose rack does not yet report it is in flight, and the rack counted 
 plan only: the battery, which acts now, covers what the rack still draws), for as long as writes take to land here:
 the longest landing seen (forgotten over `forget_s`, an hour: a path that sped up is believed after a while) or the
 delay the operator states (`cap_delay_s`), whichever is longer, and half a period. A write older than that is lost.
+Before any write has landed, a site whose caps go out of band takes them to need `prior_s` (a BMC's ~40 s): the
+first cut of a curtailment goes out before anything has been learned, and must lead the falling limit by then.
 Until a write anywhere has landed since it was sent, it is in flight for up to `max_s`: a path that delays every
 write shows none landing, one that loses some shows the others landing (racks whose firmware ignores their caps
 beside racks that obey). A write within a tenth of its step of the reported cap has landed (an in-band lag settling:
@@ -35,13 +37,22 @@ FAST_PERIODS = 2.0  # a write that lands within this many periods is on the read
 class CapLanding:
     """Per rack, the cap last sent, when, and what the rack reported then; site-wide, the delay writes take to land."""
 
-    def __init__(self, n_racks: int, rated_w: float, stated_s: float, max_s: float, forget_s: float = 3600.0) -> None:
+    def __init__(
+        self,
+        n_racks: int,
+        rated_w: float,
+        stated_s: float,
+        max_s: float,
+        forget_s: float = 3600.0,
+        prior_s: float = 0.0,
+    ) -> None:
         self.sent_w: FloatArray = np.full(n_racks, rated_w)
         self.sent_at_s: FloatArray = np.full(n_racks, -math.inf)
         self.from_w: FloatArray = np.full(n_racks, rated_w)  # the cap each rack reported when its write was sent
         self.pending: BoolArray = np.zeros(n_racks, dtype=bool)
         self.tol_w = 0.01 * rated_w  # (a cap within this of the one sent has landed; a move within it is no write)
         self.stated_s = stated_s
+        self.prior_s = prior_s  # (what a write is taken to need before one has been seen landing)
         self.max_s = max(max_s, stated_s)
         self.forget_s = forget_s
         self.learned_s = 0.0  # the longest landing seen, decaying
@@ -51,6 +62,8 @@ class CapLanding:
 
     def delay_s(self, t_s: float) -> float:
         """How long a write takes to land here, as far as is known at t_s (s)."""
+        if self.learned_at_s == -math.inf:
+            return max(self.prior_s, self.stated_s)
         learned = self.learned_s * math.exp(-max(t_s - self.learned_at_s, 0.0) / self.forget_s)
         return max(learned, self.stated_s)
 
@@ -68,7 +81,8 @@ class CapLanding:
         landed = (gap_w <= self.tol_w) | (gap_w <= 0.1 * np.abs(sent_w - self.from_w[idx]))
         if landed.any():
             sample = float(np.max(t_s - self.sent_at_s[idx[landed]]))
-            if sample >= self.delay_s(t_s):  # (a longer delay is believed at once, a shorter one as it decays)
+            # (a longer delay is believed at once, a shorter one as it decays; the first replaces the prior)
+            if sample >= self.delay_s(t_s) or self.learned_at_s == -math.inf:
                 self.learned_s, self.learned_at_s = sample, t_s
             self.landed_at_s = t_s
             pending = pending.copy()

@@ -59,6 +59,10 @@ class DimmerParams(Strict):
     cap_delay_s: float = Field(default=0.0, ge=0, le=600)
     # ... and before any write has landed since it was sent (every write delayed, none lost), this long at most
     cap_landing_max_s: float = Field(default=60.0, ge=0, le=600)
+    # where the site's caps go out of band (SiteModel.cap_path, a BMC), what a write is taken to need until one is
+    # seen landing: the first cut of a curtailment is sent before any has, and must lead the falling limit by then
+    # (POLCA, ASPLOS 2024: up to ~40 s through the BMC)
+    cap_delay_oob_s: float = Field(default=40.0, ge=0, le=600)
     # plan on this share of the utility ramp limit: the rest absorbs what the plan does not command (restart
     # surges, BBU recharge ending, telemetry lag); 0.7 held every library scenario with no violation
     ramp_margin_frac: float = Field(default=0.7, gt=0, le=1)
