@@ -52,6 +52,7 @@ from dimmer.site import SiteModel
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
+IntArray = npt.NDArray[np.intp]
 
 MAX_REASONS = 32  # per step; the rest are counted in one summary reason
 
@@ -501,6 +502,7 @@ class DimmerController:
         # at a time while the battery charges, and costs the BBU a second or two of the surge, not a cycle.
         guard_w = np.full(site.n_racks, np.inf)
         guard_extra_w = np.zeros(site.n_racks)
+        guarded_st: tuple[IntArray, FloatArray] | None = None  # (the stopped racks, and their bounds unshielded)
         returning_w = 0.0  # what the guards hold back of jobs that run again: the caps must make room for it
         down = np.zeros(site.n_racks, dtype=bool)  # job racks whose job is not running
         stopped = down  # and those, with the racks of jobs that ran again only in the last few periods
@@ -545,6 +547,7 @@ class DimmerController:
                 returning[st] = np.where(shield & back_rack, extra_st, 0.0)
                 returning_w = float(np.sum(returning))
                 bound_rack[st] = np.where(shield, shielded_w, bound_st)
+                guarded_st = (st, bound_st)
         # the campus also carries what no rack meter sees (the overhead the PCC shows; the fit's where the meter reads
         # high: the top of the band it is then read as is no load, and counted here it cut meter-spike's jobs 399 kW
         # at the meter's first 2x reading, 0.30 % of their GPU time in all) and the BBUs' recharge
@@ -797,6 +800,16 @@ class DimmerController:
             dt, obs.rack_bbu_soc_frac, bound_rack, scale, rack_room, ramp_rise_w, guard_w
         )
         self.prev_guard_w = np.where(np.isfinite(guard_w), guard_w, np.inf)
+        # What a stopped rack may draw at its breakers: what its guard lets through, or its whole bound where the
+        # guard was lifted (the battery takes the return at the interconnect, but not under a row), not the shielded
+        # level the interconnect's plan took. A rack with a stale reading beside one whose job had just come back was
+        # judged as if that BBU still held it: a row's worst case 234 kW on its 220 kW rating, the stale rack kept
+        # at its rated cap (the stateful machine).
+        breaker_rack_w = bound_rack
+        if guarded_st is not None:
+            st, bound_st = guarded_st
+            breaker_rack_w = bound_rack.copy()
+            breaker_rack_w[st] = np.fmin(bound_st, guard_w[st])
         if relief_rack.any():  # (+0.0 on every rack that does not relieve)
             relief = self.rm.domain_load_w(relief_rack, only_at=np.flatnonzero(relief_rack))
             cut_campus = cut[0]
@@ -904,7 +917,7 @@ class DimmerController:
                 stale_job[:] = True
                 late_job[:] = True
             elif not all_fresh or not rack_ok.all():
-                rack_at_risk = self._at_risk(~rack_ok | ~fresh, bound_rack + late_rack_w, overhead_w, soft)
+                rack_at_risk = self._at_risk(~rack_ok | ~fresh, breaker_rack_w + late_rack_w, overhead_w, soft)
                 risky = rack_at_risk & self.running_rack
                 late_job[site.rack_job[risky]] = True
                 unheard_s = obs.t_s - np.maximum(self.rack_seen_t_s, self.first_t_s)  # (by our clock, from our start)

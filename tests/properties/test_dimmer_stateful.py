@@ -170,12 +170,17 @@ def check_actions(
     assert np.all(cap[stale] <= prev_cap[stale] + 1e-9), "a stale rack's cap was raised"
     flagged = stale & ~held_unheard if held_unheard is not None and pcc_ok else stale
     # ... unless, at its maximum, it could take no domain above it past its rating (the controller's worst case puts
-    # the other racks at their bounds, no lower than their readings under their maxima: this is no higher than it)
+    # the other racks at their bounds, no lower than their readings under their maxima and the caps they report
+    # enforcing (a reading up to stale_s old may be from before a cut), less what their BBUs are told to carry: a
+    # rack whose job has just come back is held at its guard by its BBU. This is no higher than it)
     kept = flagged & (cap > ctrl.safe_cap_w + 1e-9)
     if kept.any():
         assert pcc_ok, "a missing PCC reading sends every rack to the safe cap"
-        rack_max = site.rack_max_w()
+        rack_max = np.minimum(site.rack_max_w(), site.rack_power_w(obs.rack_cap_w))
         reading = np.clip(np.nan_to_num(obs.rack_power_w, nan=0.0), 0.0, rack_max)
+        rack_max = site.rack_max_w()
+        shaved = np.fmax(np.fmin(reading, act.rack_bbu_threshold_w), reading - site.rack_storage.bbu_power_w)
+        reading = np.where(site.rack_storage.bbu_energy_j > 0, shaved, reading)
         lowest_worst = site.domain_load_w(np.where(flagged, rack_max, reading))
         under = (site.incidence @ kept.astype(np.float64)) > 0
         limit = obs.domain_limit_w[under]
