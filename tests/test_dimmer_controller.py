@@ -249,12 +249,15 @@ def test_stale_telemetry_moves_caps_down_to_the_safe_level_never_up() -> None:
 
 
 def _rl_capped_and_rising(site: SiteModel) -> tuple[DimmerController, float]:
-    """An overloaded row caps rl, then the load falls and rl's caps climb back: the controller at t = 10 s."""
+    """An overloaded row caps rl, then the load falls and rl's caps climb back: the controller at t = 10 s. The GPUs
+    report the caps sent, in band (a cut that never shows is a write still on its way, cap_landing.py)."""
     ctrl = make_controller("dimmer", site, {"envelope_s": 1.0})
+    sent = np.full(site.n_racks, site.gpu.rated_w)
     for k in range(1, 6):
-        ctrl.step(_obs(site, float(k), 1260.0))
+        sent = ctrl.step(_obs(site, float(k), 1260.0, rack_cap_w=sent.copy())).rack_cap_w
     for k in range(6, 11):
-        cap = _job_caps(site, ctrl.step(_obs(site, float(k), 600.0)).rack_cap_w)["rl"]
+        sent = ctrl.step(_obs(site, float(k), 600.0, rack_cap_w=sent.copy())).rack_cap_w
+        cap = _job_caps(site, sent)["rl"]
     assert 0.6 * site.gpu.rated_w < cap < site.gpu.rated_w  # capped, above the safe cap, and rising
     assert isinstance(ctrl, DimmerController)
     return ctrl, cap
@@ -267,9 +270,11 @@ def test_a_reading_lost_for_one_period_is_held_neither_sent_to_the_safe_cap_nor_
     power[5] = np.nan  # an rl rack's reading lost on the network; its age is the previous reading's, 1 s later
     age = np.full(site.n_racks, 1.0)
     age[5] = 2.0
-    held = _job_caps(site, ctrl.step(_obs(site, 11.0, 600.0, rack_power_w=power, rack_age_s=age)).rack_cap_w)
+    sent = ctrl.prev_rack_cap_w.copy()
+    act = ctrl.step(_obs(site, 11.0, 600.0, rack_power_w=power, rack_age_s=age, rack_cap_w=sent))
+    held = _job_caps(site, act.rack_cap_w)
     assert held["rl"] == cap  # not raised without a reading, not cut to the safe cap for one lost reading
-    back = _job_caps(site, ctrl.step(_obs(site, 12.0, 600.0)).rack_cap_w)
+    back = _job_caps(site, ctrl.step(_obs(site, 12.0, 600.0, rack_cap_w=act.rack_cap_w.copy())).rack_cap_w)
     assert back["rl"] > cap  # the next reading arrives: the climb goes on
 
 
@@ -904,10 +909,10 @@ def test_a_stale_rack_alone_goes_to_the_safe_cap_and_is_back_at_its_job_s_cap_wh
     rl = np.flatnonzero(site.rack_job == site.job_name.index("rl"))
     age = np.full(site.n_racks, 1.0)
     age[5] = 60.0
-    stale = ctrl.step(_obs(site, 11.0, 600.0, rack_age_s=age)).rack_cap_w
+    stale = ctrl.step(_obs(site, 11.0, 600.0, rack_age_s=age, rack_cap_w=ctrl.prev_rack_cap_w.copy())).rack_cap_w
     assert stale[5] <= ctrl.safe_cap_w
     assert np.all(stale[rl[rl != 5]] == cap)  # held: neither cut nor raised
-    back = ctrl.step(_obs(site, 12.0, 600.0)).rack_cap_w
+    back = ctrl.step(_obs(site, 12.0, 600.0, rack_cap_w=stale.copy())).rack_cap_w
     assert np.all(back[rl] == back[rl[0]]) and back[5] >= cap  # one rack's return fits one period's ramp step
 
 
