@@ -146,12 +146,14 @@ def test_the_hierarchy_takes_the_response_and_checks_its_keys() -> None:
 
 
 def _steps(params: dict[str, Any], freqs: list[float], bess_mw: float) -> list[Actions]:
-    """A site at a steady 900 W a GPU, stepped once a second through `freqs` (50 Hz nominal)."""
+    """A site at a steady 900 W a GPU, stepped once a second through `freqs` (50 Hz nominal); the GPUs report the
+    caps sent (in band)."""
     site = _site(bess_mw=bess_mw, ramp_mw_per_min=6.0)
     ctrl = make_controller("dimmer", site, params)
-    out = []
+    out: list[Actions] = []
     for k, f in enumerate(freqs):
-        out.append(ctrl.step(replace(_obs(site, float(k + 1), 900.0), grid_freq_hz=f)))
+        sent = out[-1].rack_cap_w.copy() if out else np.full(site.n_racks, site.gpu.rated_w)
+        out.append(ctrl.step(replace(_obs(site, float(k + 1), 900.0, rack_cap_w=sent), grid_freq_hz=f)))
     return out
 
 

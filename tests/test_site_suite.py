@@ -116,14 +116,15 @@ def test_poor_rack_meters_cost_no_goodput_where_no_limit_is_near() -> None:
 def test_lost_rack_readings_on_tight_rows_cost_little_more_than_the_rows_do() -> None:
     """lossy-tight: rows at their ratings (every rack could take its row past its soft level), rack meters 3 s late
     and losing 8 % of readings. A rack two readings overdue sends itself alone to the safe cap, back on its next
-    reading: the losses cost 0.6 points of GPU time over the same meters losing nothing (3.2 points before: the whole
-    50-rack job to the safe cap, climbing back at the slow rise for 12 s)."""
+    reading: the losses cost 1.0 point of GPU time over the same meters losing nothing (3.2 points when the whole
+    50-rack job went to the safe cap, climbing back at the slow rise for 12 s; 0.6 while a crashed job's racks were
+    counted at their breakers at the level their BBUs' guard would hold, also where the guard was lifted)."""
     path = next(p for p in SITES if p.stem == "lossy-tight")
     lossy = summarize(run(load_scenario(path, ["duration_s=360"]), controller="dimmer"))
     clean = summarize(run(load_scenario(path, ["duration_s=360", "telemetry.dropout_prob=0"]), controller="dimmer"))
     for s in (lossy, clean):
         assert s["breaker_trips"] == 0 and s["pcc_overlimit_s"] == 0.0 and s["ramp_violation_s"] == 0.0
-    assert lossy["goodput_loss_power_pct"] - clean["goodput_loss_power_pct"] < 1.0
+    assert lossy["goodput_loss_power_pct"] - clean["goodput_loss_power_pct"] < 1.25
 
 
 def test_a_meter_spike_on_a_site_near_its_limit_cuts_no_job() -> None:
