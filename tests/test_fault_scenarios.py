@@ -137,3 +137,15 @@ def test_a_curtailment_cuts_the_lower_priority_job_first(stem: str) -> None:
     caps = res.period["job_cap_w"]
     assert caps[:, low].min() < res.site.gpu.rated_w - 100.0  # the curtailment does cut
     assert np.all(caps[:, low] <= caps[:, high] + 1e-6), float(np.max(caps[:, low] - caps[:, high]))
+
+
+def test_a_stale_pcc_meter_through_a_curtailment_moves_the_battery_on_the_racks_estimate() -> None:
+    """pcc-stale with a ramp rule 30 % tighter (0.7 MW/min): the PCC meter is stale from 180 s to 420 s while the
+    limit falls 6.0 -> 4.6 MW. Planned on the last reading held, 0.8 MW above the load the safe caps left, the
+    battery discharged 0.5 MW toward it as the limit fell and took the import down past the rule (31 s over it);
+    on the racks' estimate it need not move."""
+    loaded = load_scenario(FAULTS / "pcc-stale.toml", ["site.pcc.ramp_mw_per_min=0.7", "duration_s=300"])
+    s = summarize(run(loaded, controller="dimmer"))
+    assert s["breaker_trips"] == 0
+    assert s["pcc_overlimit_s"] == 0.0
+    assert s["ramp_violation_s"] == 0.0

@@ -590,8 +590,10 @@ class DimmerController:
         bus_now_w = bus_w
         if pcc_ok and self.was_blind:
             self.bus_level.restart()  # the readings it holds are from before the blackout, or stale repeats
-        # (a stale reading is a repeat, not a level: it is held, not averaged in)
-        level_w = self.bus_level.update(bus_w if pcc_ok else math.nan)
+        # (with no fresh reading the level is the racks' estimate the check stands in with, not the last reading
+        # held: a meter stale through a curtailment had the battery discharge 0.5 MW toward a level 0.8 MW above the
+        # load, past the ramp rule; pcc-stale with its ramp limit 30 % lower, 31 s over it)
+        level_w = self.bus_level.update(bus_w)
         bus_w = level_w if math.isfinite(level_w) else bus_w
         # The level is a mean of the last readings, so the cap rises of the last few periods are only partly in it
         # (a rise granted j + 1 periods ago is in j + 1 of them): the load at the present caps is the level plus the
