@@ -215,3 +215,17 @@ def test_a_curtailment_under_out_of_band_caps_is_met_before_any_write_has_landed
     assert s["pcc_overlimit_s"] == 0.0
     assert s["ramp_violation_s"] == 0.0
     assert s["goodput_loss_power_pct"] < 3.0  # (1.5 %; 19 % where each period's cut was made again until it showed)
+
+
+def test_a_job_start_under_out_of_band_caps_breaks_the_ramp_rule_no_more_than_the_uncontrolled_site() -> None:
+    """no-battery-start with its caps 20 s late (out of band): the 3.4 MW start arrives before any cap can, and the
+    cut it draws lands 20 s later. The rises still on their way were not in the level the ramp rule's room was
+    planned on, nor the cuts on their way in the room to fall, and the room that would pay the broken windows back
+    asked for -38 MW of a 5 MW campus: every job at the lowest cap for minutes, 110 s over the rule in 420 s against
+    the uncontrolled site's 68 s. Now 30 s."""
+    path = Path(__file__).resolve().parents[1] / "scenarios" / "sites" / "no-battery-start.toml"
+    oob = ["gpu.path=oob", "gpu.oob_delay_s=20", "duration_s=420"]
+    dimmer = summarize(run(load_scenario(path, oob), "dimmer"))
+    none = summarize(run(load_scenario(path, oob), "none"))
+    assert dimmer["breaker_trips"] == 0 and dimmer["pcc_overlimit_s"] == 0.0
+    assert dimmer["ramp_violation_s"] <= none["ramp_violation_s"]

@@ -487,13 +487,16 @@ class DimmerController:
         # readings show neither until it lands. A job given that room at once had its rise land with the cuts, past
         # the limit, under a battery too small to cover both: a curtailment under caps 15 s late, 518 kW over it)
         unseen_move_dom_w: FloatArray | None = None
+        rising_w = 0.0  # (what rises still on their way add to the campus once they land)
         if any_in_flight:
             enforced_w = np.where(np.isfinite(obs.rack_cap_w), obs.rack_cap_w, gpu.rated_w)
             now_w = np.fmin(self.rm.rack_power_w(np.maximum(rack_caps, enforced_w)), np.fmax(held_peak_w, load_env))
             moving = job_rack_now & in_flight
             late_rack_w = np.where(moving, np.maximum(now_w - hidden, 0.0), 0.0)
-            rising_w = self.rm.rack_power_w(rack_caps) - self.rm.rack_power_w(enforced_w)
-            unseen_move_dom_w = self.rm.domain_load_w(late_rack_w + np.where(moving, np.maximum(rising_w, 0.0), 0.0))
+            rise_w = self.rm.rack_power_w(rack_caps) - self.rm.rack_power_w(enforced_w)
+            rising_rack_w = np.where(moving, np.maximum(rise_w, 0.0), 0.0)
+            unseen_move_dom_w = self.rm.domain_load_w(late_rack_w + rising_rack_w)
+            rising_w = float(np.sum(rising_rack_w))
         late_w = float(np.sum(late_rack_w))
         # racks that count at their caps: a cap change moves their bound
         live_rack = job_rack_now & (at_caps <= held_peak_w)
@@ -606,7 +609,9 @@ class DimmerController:
         if unseen_frac is None:
             unseen_frac = np.clip(1.0 - (np.arange(lag.shape[0]) + 1.0) / n_seen, 0.0, 1.0)
             self._unseen_frac[n_seen, lag.shape[0]] = unseen_frac
-        bus_caps_w = bus_w + float(unseen_frac @ lag)
+        # (and the rises still on their way, which no reading shows yet: out of band, tens of seconds of them; a job
+        # start under caps 20 s late rose 6 MW in a minute against a 1.5 MW/min rule, was cut whole, and again)
+        bus_caps_w = bus_w + float(unseen_frac @ lag) + rising_w
         forecast = float(self.forecast.update(np.array([bus_w]), dt)[0])
         if self.bus_level.warming:
             # the first readings only learn the level: seeded from one reading (a compute phase, say) the target
@@ -773,7 +778,7 @@ class DimmerController:
         if emergency.any():
             cut = np.where(emergency, np.maximum(cut, env - soft), cut)
         # (how far the import may fall from its level now, as the ramp rule measures it)
-        fall_room_w = max(min(bus_w, bus_now_w) - bess_w - room_lo_w, 0.0)
+        fall_room_w = max(min(bus_w, bus_now_w) - bess_w - room_lo_w - late_w, 0.0)  # (less the cuts on their way)
         cut, paced = self._pace_cuts(cut, env, soft, limit, over & ~hot, obs, ramp_step, fall_room_w)
         # the campus is cut to its bound below, once the jobs' other cuts are known; here the readings and the ramp
         cut[0] = max(grid_cut, seen_w - soft[0] if emergency[0] else 0.0)

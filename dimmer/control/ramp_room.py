@@ -78,7 +78,11 @@ class RampRoom:
         slack = budget_w * n / tau
         lo, hi = float(np.max(base - slack)), float(np.min(base + slack))
         if lo > hi:
-            lo = hi = 0.5 * (lo + hi)
+            # (and within what the import drew over the two windows: the level that would pay a window already
+            # broken back can be far outside anything the site draws, and chasing it breaks the next windows. A job
+            # start under caps 20 s late, whose step and the cut it drew both landed whole, asked for -38 MW of a
+            # campus that had drawn 4.7-10.4 MW, and held every job at the lowest cap for minutes)
+            lo = hi = min(max(0.5 * (lo + hi), float(np.min(h))), float(np.max(h)))
         return lo, hi
 
     def straddle_w(self) -> float:
