@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -84,7 +85,7 @@ class SiteModel:
     job_throughput: tuple[ThroughputCurve, ...] = ()
     # how a cap reaches the GPUs: "inband" (NVML, the driver: within a period) or "oob" (through a BMC: tens of
     # seconds). The controller learns the delay from the writes that land; this is what it knows before any has.
-    cap_path: str = "inband"
+    cap_path: Literal["inband", "oob"] = "inband"
 
     @property
     def n_racks(self) -> int:

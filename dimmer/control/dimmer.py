@@ -490,11 +490,11 @@ class DimmerController:
         rising_w = 0.0  # (what rises still on their way add to the campus once they land)
         if any_in_flight:
             enforced_w = np.where(np.isfinite(obs.rack_cap_w), obs.rack_cap_w, gpu.rated_w)
-            now_w = np.fmin(self.rm.rack_power_w(np.maximum(rack_caps, enforced_w)), np.fmax(held_peak_w, load_env))
+            at_sent_w, at_enforced_w = self.rm.rack_power_w(rack_caps), self.rm.rack_power_w(enforced_w)
+            now_w = np.fmin(np.maximum(at_sent_w, at_enforced_w), np.fmax(held_peak_w, load_env))
             moving = job_rack_now & in_flight
             late_rack_w = np.where(moving, np.maximum(now_w - hidden, 0.0), 0.0)
-            rise_w = self.rm.rack_power_w(rack_caps) - self.rm.rack_power_w(enforced_w)
-            rising_rack_w = np.where(moving, np.maximum(rise_w, 0.0), 0.0)
+            rising_rack_w = np.where(moving, np.maximum(at_sent_w - at_enforced_w, 0.0), 0.0)
             unseen_move_dom_w = self.rm.domain_load_w(late_rack_w + rising_rack_w)
             rising_w = float(np.sum(rising_rack_w))
         late_w = float(np.sum(late_rack_w))
