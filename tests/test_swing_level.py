@@ -56,6 +56,46 @@ def test_a_swing_slower_than_the_window_is_averaged_over_whole_periods() -> None
     assert f.update(12.0) == 12.0 and f.stepped
 
 
+def test_a_swing_whose_phases_outlast_the_window_is_averaged_and_a_step_in_it_followed() -> None:
+    """A 15 s RL iteration read at 1 s: 6 readings of training, 9 of rollouts. The 9 rollout readings fill the least
+    window (6), so every change of phase lies beyond the window's band; restarted on each, the level followed the
+    swing for good. Once the readings show their period, a reading within what its phase read one period ago is
+    the swing: the level is the whole period's mean, and a step of the whole load is followed within two readings
+    and read as a step once, the swing at the new level being the swing again."""
+    wave = [12.0] * 6 + [9.6] * 9
+    f = SwingLevel(6, tol_abs=0.065, max_length=15)
+    levels = [f.update(x) for x in wave * 6]
+    assert f.period == 15 and f.window == 15
+    mean = (6 * 12.0 + 9 * 9.6) / 15
+    assert np.ptp(levels[-30:]) < 1e-9 and abs(levels[-1] - mean) < 1e-9
+    for drop, seen_at in ((3.5, 1), (2.0, 7)):  # a job stopped: the same swing lower, by more or less than its span
+        g = SwingLevel(6, tol_abs=0.065, max_length=15)
+        for x in wave * 6:
+            g.update(x)
+        shifted = [x - drop for x in wave * 3]
+        after, steps = [], []
+        for i, x in enumerate(shifted):
+            after.append(g.update(x))
+            if g.stepped:
+                steps.append(i)
+        # a step beyond the swing's band is followed at its second reading; one within it when a phase shows it
+        # (the rollouts' readings lie under the band); either way once, and never again at the swing's new level
+        assert steps == [seen_at] and after[seen_at] == shifted[seen_at]
+        assert g.period == 15 and np.ptp(after[-15:]) < 1e-9 and abs(after[-1] - (mean - drop)) < 1e-9
+
+
+def test_the_period_is_where_two_swings_line_up() -> None:
+    """A 2.5 s pretraining swing read at 1 s repeats every 5 readings; beside a 15 s RL iteration the readings repeat
+    only every 15. A window of 10 (two of the shorter period) swings with the RL job; the period found is 15."""
+    t = np.arange(90)
+    fast = 0.3 * np.cos(2 * np.pi * t / 5)
+    slow = np.where(t % 15 < 6, 1.2, -1.2)
+    f = SwingLevel(6, tol_abs=0.01, max_length=15)
+    for x in 10.0 + fast + slow:
+        f.update(float(x))
+    assert f.period == 15 and f.window == 15
+
+
 def test_an_aliased_swing_keeps_the_least_window_and_noise_or_a_ramp_shows_no_period() -> None:
     f = SwingLevel(6, max_length=40)
     for x in [15.0, 14.0] * 20:
@@ -95,5 +135,7 @@ def test_half_cycles_never_charge_less_than_nothing_nor_more_than_the_path(socs:
     """Each closed half weighs at most half a full cycle; the total never exceeds half a cycle per reversal."""
     c = HalfCycles(1, window_frac=0.5)
     total = sum(float(c.update(np.array([s]))[0]) for s in socs)
-    reversals = sum(1 for a, b, d in zip(socs, socs[1:], socs[2:], strict=False) if (b - a) * (d - b) < 0)
+    # (a reversal across a plateau is one too: 0.5, 1.0, 1.0, 0.5 turns once)
+    path = [s for i, s in enumerate(socs) if i == 0 or s != socs[i - 1]]
+    reversals = sum(1 for a, b, d in zip(path, path[1:], path[2:], strict=False) if (b - a) * (d - b) < 0)
     assert 0.0 <= total <= 0.5 * (reversals + 1) + 1e-12

@@ -179,6 +179,8 @@ class SwingLevel:
 
     # a period is a lag whose autocorrelation of the readings' changes is a local peak at least this high
     PERIOD_MIN_CORR = 0.5
+    # (a shorter period within this of the best peak's correlation is the same swing's: its multiples peak as high)
+    PERIOD_NEAR_BEST = 0.1
 
     def __init__(
         self, length: int, tol_frac: float = 0.25, tol_abs: float = 0.0, memory: int = 300, max_length: int = 0
@@ -212,7 +214,10 @@ class SwingLevel:
     def find_period(self) -> int:
         """The readings' period (in readings, 2 to max_length), or 0 where they show none. Read from the
         autocorrelation of the changes between readings, not of the readings: a step or a ramp is one change or a
-        steady one, not a period, and leaves the swing's period visible while it is in the history."""
+        steady one, not a period, and leaves the swing's period visible while it is in the history. Of the lags whose
+        correlation is a local peak at least PERIOD_MIN_CORR, the least within PERIOD_NEAR_BEST of the highest: two
+        jobs' swings together (a 2.5 s pretraining alias, every 5 readings, beside a 15 s RL iteration) repeat only at
+        the longer period, where both line up, and a mean over the shorter one swings with the slower job."""
         h = self._hist[~np.isnan(self._hist)]
         d = np.diff(h)
         n = d.size
@@ -224,21 +229,17 @@ class SwingLevel:
         # (changes no larger than the tolerance, or than float rounding of the readings, are no swing to follow)
         if var <= n * max(self.tol_abs, 1e-6 * float(np.abs(h).mean())) ** 2:
             return 0
-        # (each lag's sum over the pairs it has, scaled to the whole series: an unbiased estimate; worked out as the
-        # search reaches it, lags 1 to max_lag + 1 at most)
-        corr: dict[int, float] = {}
-
-        def at(k: int) -> float:
-            c = corr.get(k)
-            if c is None:
-                c = corr[k] = float(d[:-k] @ d[k:]) * n / (n - k) / var
-            return c
-
-        for k in range(2, min(max_lag, min(max_lag + 1, n - 1) - 1) + 1):
-            c = at(k)
-            if c >= self.PERIOD_MIN_CORR and c >= at(k - 1) and c >= at(k + 1):
-                return k
-        return 0
+        # (each lag's sum over the pairs it has, scaled to the whole series: an unbiased estimate; lags 1 to
+        # max_lag + 1, where the series has them)
+        lags = np.arange(1, min(max_lag + 1, n - 1) + 1)
+        corr = np.array([float(d[:-k] @ d[k:]) for k in lags]) * n / (n - lags) / var
+        k = lags[1:-1]
+        c = corr[1:-1]
+        peak = (c >= self.PERIOD_MIN_CORR) & (c >= corr[:-2]) & (c >= corr[2:])
+        if not peak.any():
+            return 0
+        best = float(c[peak].max())
+        return int(k[peak & (c >= best - self.PERIOD_NEAR_BEST)][0])
 
     def _set_window(self) -> None:
         p = self.find_period()
@@ -252,6 +253,7 @@ class SwingLevel:
             return self.level()
         self._hist[:-1] = self._hist[1:]  # (shifted in place: np.roll's copy, without the new array)
         self._hist[-1] = x
+        period_before = self.period  # (a step just read may hide the period from the history until it is rebased)
         self._set_window()
         valid = self._last()
         valid = valid[~np.isnan(valid)]
@@ -260,8 +262,17 @@ class SwingLevel:
             lo, hi = float(valid.min()), float(valid.max())
             tol = max(self.tol_frac * (hi - lo), self.tol_abs)
             side = 1 if x > hi + tol else (-1 if x < lo - tol else 0)
+            # A swing whose phases outlast the window (a 15 s RL iteration: 6 readings of training, 9 of rollouts) has
+            # readings beyond the window's band at every change of phase, and each restart narrowed the band to two
+            # readings, so the level followed the swing for good. Where the readings show a period, a reading within
+            # what they read one period ago (a reading either side, for jitter) is the swing.
+            ago = self._period_ago()
+            if side and ago is not None:
+                tol = max(self.tol_frac * self.span, self.tol_abs)
+                side = side if (x > ago[1] + tol if side > 0 else x < ago[0] - tol) else 0
         pending, self._pending = self._pending, None
         if side and pending is not None and pending[1] == side:
+            self._rebase_history(side, self.period or period_before)
             self._buf[:] = np.nan
             self._push(pending[0])
             self.stepped = True
@@ -277,6 +288,32 @@ class SwingLevel:
         valid = valid[~np.isnan(valid)]
         self.span = max(self.span * self._decay, float(valid.max() - valid.min()))
         return float(valid.mean())  # (the level: these readings hold x at least)
+
+    def _period_ago(self) -> tuple[float, float] | None:
+        """The band the newest reading's phase read one period ago (the readings either side of it too), or None
+        where no period is known or the history lacks those readings."""
+        p = self.period
+        if not p:
+            return None
+        ago = self._hist[-p - 2 : -p + 1]  # (p >= 2: find_period's least)
+        ago = ago[~np.isnan(ago)]
+        return (float(ago.min()), float(ago.max())) if ago.size else None
+
+    def _rebase_history(self, side: int, p: int) -> None:
+        """A step in a load that goes on swinging: the history the period and the band one period ago are read
+        from is moved by the step, so the swing's next phase, at the new level, is read as the swing and not as
+        another step. The step is what the readings since it lie off their phase one period before (on `side`, by
+        more than the tolerance); a step within the swing's band shows only at a later phase, so the readings it
+        moved may be more than the two that showed it. `p`: the period (0: none known, nothing to move)."""
+        if not p:
+            return
+        off = self._hist[-p:] - self._hist[-2 * p : -p]
+        tol = max(self.tol_frac * self.span, self.tol_abs)
+        moved = (np.sign(off) == side) & (np.abs(off) > tol)  # (NaN: neither)
+        k = p if moved.all() else p - 1 - int(np.flatnonzero(~moved)[-1])
+        if k < 2:
+            return
+        self._hist[:-k] += float(np.median(off[-k:]))
 
     def restart(self) -> None:
         """Forget the window's readings: the level is learned afresh (the span and the period's history are kept:
