@@ -164,3 +164,14 @@ def test_the_perturbed_sites_are_the_site_made_harder_as_the_bench_says() -> Non
         assert loaded.site().pcc_limit_w > 0 and (seed is None or seed > 0)
     no_battery = tomllib.loads(next(p for p in SITES if p.stem == "no-battery-start").read_text())
     assert perturb.variant_overrides(no_battery, "half-battery") is None  # no battery: no such variant
+
+
+def test_a_slow_rl_swing_and_a_checkpoint_s_floors_burn_no_energy_the_rule_does_not_ask_for() -> None:
+    """rl-ckpt-stop: a 15 s RL iteration (9 readings of rollouts, more than the campus level's least window of 6) beside
+    a pretraining run's synchronous checkpoints, then the RL job's stop for good. The level had restarted on every
+    change of the RL job's phase and followed the swing, and floors lifted for a stall came down at the slow rate for
+    minutes, so the stop under them held a fall no rule asked to hold: 1.67 % energy overhead, the goal 1 %."""
+    path = next(p for p in SITES if p.stem == "rl-ckpt-stop")
+    s = summarize(run(load_scenario(path), controller="dimmer"))
+    assert s["breaker_trips"] == 0 and s["pcc_overlimit_s"] == 0.0 and s["ramp_violation_s"] == 0.0
+    assert s["energy_overhead_pct"] < 1.2 and s["goodput_loss_power_pct"] < 0.2
