@@ -1059,14 +1059,16 @@ class DimmerController:
             n_fill = float(np.sum(site.rack_active_gpus, where=fillable))
         floor_release = self.floor_release_w_per_s * dt
         # (and, with no job stopped, as far as the rule's room lets the import fall: what it stands above the least the
-        # rule asks is released at once, spread over the GPUs a floor holds. At the slow rate alone, a checkpoint's
-        # floors were still up minutes after it, and a job that then stopped under them burned 1.6 MW holding a fall
-        # no rule asked to hold. While a job is stopped the import's height is room its return will want: there the
-        # floors come down at the slow rate until the return hold, which prices holding the whole of it, lets go;
-        # released at once, prometheus-campus's frontier run came back into an import 1.2 points of GPU time lower)
+        # room's margin leaves is released at once, spread over the GPUs a floor holds; to the rule's own bound, the
+        # fill level, noisy-falls with its ramp limit 30 % lower went 0.5 s over it. At the slow rate alone, a
+        # checkpoint's floors were still up minutes after it, and a job that then stopped under them burned 1.6 MW
+        # holding a fall no rule asked to hold. While a job is stopped the import's height is room its return will
+        # want: there the floors come down at the slow rate, as before (released at once, prometheus-campus's
+        # frontier run came back into an import that cost 1.2 points of GPU time; released at once after the return
+        # hold let go, bess-offline with its ramp limit 30 % lower lost 2.2 % where it had lost 0.1 %)
         floored = self.floor_w > 0
-        if floored.any() and (return_w <= 0 or self.return_hold.released):
-            spare_w = min(bus_w, bus_now_w) - bess_w - fill_lo_w - fill_deadband_w
+        if floored.any() and return_w <= 0:
+            spare_w = min(bus_w, bus_now_w) - bess_w - max(fill_lo_w, room_lo_w) - fill_deadband_w
             if spare_w > 0:
                 n_floored = float(np.sum(site.rack_active_gpus, where=floored))
                 floor_release = max(floor_release, spare_w * self.eta / max(n_floored, 1.0))
