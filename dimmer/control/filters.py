@@ -268,7 +268,7 @@ class SwingLevel:
             # what they read one period ago (a reading either side, for jitter) is the swing.
             ago = self._period_ago()
             if side and ago is not None:
-                tol = max(self.tol_frac * self.span, self.tol_abs)
+                tol = self._swing_tol
                 side = side if (x > ago[1] + tol if side > 0 else x < ago[0] - tol) else 0
         pending, self._pending = self._pending, None
         if side and pending is not None and pending[1] == side:
@@ -289,6 +289,12 @@ class SwingLevel:
         self.span = max(self.span * self._decay, float(valid.max() - valid.min()))
         return float(valid.mean())  # (the level: these readings hold x at least)
 
+    @property
+    def _swing_tol(self) -> float:
+        """How far a reading may lie off its phase one period before and still be the swing: a share of the swing's
+        remembered span (the window's may be two readings since a restart), at least the absolute tolerance."""
+        return max(self.tol_frac * self.span, self.tol_abs)
+
     def _period_ago(self) -> tuple[float, float] | None:
         """The band the newest reading's phase read one period ago (the readings either side of it too), or None
         where no period is known or the history lacks those readings."""
@@ -308,8 +314,7 @@ class SwingLevel:
         if not p:
             return
         off = self._hist[-p:] - self._hist[-2 * p : -p]
-        tol = max(self.tol_frac * self.span, self.tol_abs)
-        moved = (np.sign(off) == side) & (np.abs(off) > tol)  # (NaN: neither)
+        moved = (np.sign(off) == side) & (np.abs(off) > self._swing_tol)  # (NaN: neither)
         k = p if moved.all() else p - 1 - int(np.flatnonzero(~moved)[-1])
         if k < 2:
             return
