@@ -52,6 +52,11 @@ class Observation:
     # the highest sample of rack_load_w's window (NVML's power samples, a power shelf's peak register): where the
     # racks report it, a swing's peak between two window means is measured, not assumed; None or NaN: not measured
     rack_load_peak_w: FloatArray | None = None
+    # (n_jobs,) the scheduler has released the job (it finished or was cancelled): its racks idle until a job starts
+    # on them again, which is a start (met by the start ceiling), not the return of what they drew. None, or False
+    # for a job: not known, and a job that stopped may come back at any time at what it drew (a checkpoint stall, a
+    # crash's restart)
+    job_ended: BoolArray | None = None
     # the least import a parent asks this site to hold (a campus coordinator's floor on a building, where the campus
     # falls faster than the utility's ramp rule lets it and the battery cannot take the rest); NaN: none
     import_floor_w: float = math.nan

@@ -192,6 +192,13 @@ class Simulation:
             loaded.source,
             rack_rng=np.random.default_rng(streams[2]),
         )
+        # what the scheduler knows of a stopped job: one the scenario starts again later is pending (requeued, as
+        # after mass-restart's outage), not ended; each job's last start event (-inf: none)
+        self.last_start_s = np.full(site.n_jobs, -math.inf)
+        for ev in sc.events:
+            if isinstance(ev, JobEvent) and ev.kind == "start":
+                m = job_mask(site, ev)
+                self.last_start_s[m] = np.fmax(self.last_start_s[m], ev.at_s)
         self.gpus = GpuBank(site, sc.gpu)
         self.trays = CapacitorTrays(site)
         self.bbus = RackBbus(site)
@@ -321,6 +328,7 @@ class Simulation:
             bess_power_w=self.bess.power_w,
             bess_online=self.bess.online,
             job_running=self.workload.job_running(),
+            job_ended=self.workload.job_ended() & (self.last_start_s <= t_s),
             rack_load_peak_w=seen.load_peak_w,
             pcc_voltage_pu=self.voltage.observed(k),  # voltage
         )

@@ -469,7 +469,7 @@ def test_rack_device_rejects_a_device_serving_other_racks() -> None:
 def test_site_device_reads_domains_and_jobs() -> None:
     async def go() -> None:
         bus = InMemoryBus()
-        nd, nj = 300, 3
+        nd, nj = 300, 5
         hdr = R.encode_block(
             R.SITE_HEADER,
             {
@@ -482,14 +482,17 @@ def test_site_device_reads_domains_and_jobs() -> None:
                 "grid_freq_hz": 50.01,
             },
         )
-        bus.set_words(3, 0, hdr + [0] * (R.SITE_JOB_BASE - len(hdr)) + [1, 0, R.U16_NA])
+        bus.set_words(3, 0, hdr + [0] * (R.SITE_JOB_BASE - len(hdr)) + [1, 0, 2, 3, R.U16_NA])
         dom = {"power_w": np.arange(nd) * 1e3, "limit_w": np.full(nd, 2e6), "thermal_frac": np.full(nd, 0.5)}
         bus.set_words(3, R.SITE_DOMAIN_BASE, R.encode_records(R.SITE_DOMAIN, dom, nd, R.SITE_DOMAIN_STRIDE))
         r = await SiteDevice(bus, 3, nd, nj).read()
         assert r.ok, r.error
         np.testing.assert_array_equal(r.array("domain_power_w"), dom["power_w"])
-        np.testing.assert_array_equal(r.array("job_running")[:2], [1.0, 0.0])
-        assert math.isnan(r.values["job_running"][2])  # type: ignore[index]
+        # a job's state: running, stopped (may come back), ended (released by the scheduler); out of range and not
+        # implemented read as unknown
+        np.testing.assert_array_equal(r.array("job_running")[:3], [1.0, 0.0, 0.0])
+        np.testing.assert_array_equal(r.array("job_ended")[:3], [0.0, 0.0, 1.0])
+        assert np.isnan(r.array("job_running")[3:]).all() and np.isnan(r.array("job_ended")[3:]).all()
         assert r.values["pcc_limit_w"] == 1.8e7 and r.values["grid_freq_hz"] == pytest.approx(50.01)
         assert r.requests == 1 + math.ceil(6 * nd / 124)
 

@@ -103,6 +103,22 @@ def test_crash_event_drops_the_job_to_idle(tmp_path: Path) -> None:
     assert load[np.searchsorted(res.t_s, 31.0)] < 0.6 * load[np.searchsorted(res.t_s, 29.0)]  # idle GPUs, hosts on
 
 
+def test_a_stopped_job_is_ended_unless_the_scenario_starts_it_again(tmp_path: Path) -> None:
+    """What the scheduler tells the controller (Observation.job_ended): a job stopped for good is ended from its stop
+    ramp on; one stopped and started again later is pending (requeued), never ended; a crashed one is neither."""
+    two = [{"name": "a", "racks": [0, 8], "swing_frac": 0.0}, {"name": "b", "racks": [10, 18], "swing_frac": 0.0}]
+    events = [{"kind": "stop", "at_s": 10, "jobs": ["a"]}, {"kind": "stop", "at_s": 10, "jobs": ["b"]},
+              {"kind": "start", "at_s": 40, "jobs": ["b"]}]  # fmt: skip
+    _, rec = _sim(_loaded(tmp_path, jobs=two, events=events))
+    ended = np.array([o.job_ended for o in rec.seen])
+    running = np.array([o.job_running for o in rec.seen])
+    t = np.array([o.t_s for o in rec.seen])
+    assert not ended[t < 10].any() and ended[(t > 10), 0].all()
+    assert not ended[:, 1].any() and not running[(t > 10) & (t < 40), 1].any() and running[t > 42, 1].all()
+    _, rec = _sim(_loaded(tmp_path, events=[{"kind": "crash", "at_s": 10, "jobs": ["a"]}]))
+    assert not np.array([o.job_ended for o in rec.seen]).any()
+
+
 def test_derated_row_trips(tmp_path: Path) -> None:
     res = run(_loaded(tmp_path, events=[{"kind": "derate", "at_s": 10, "domain": "r0", "factor": 0.3}]))
     assert [d for _, d in res.trips] == ["r0"]

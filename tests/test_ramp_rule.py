@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 from gridsim.engine import run
 from gridsim.metrics import summarize
+from gridsim.plant.workload import Workload
 from gridsim.scenario import load_scenario
 
 SITES = Path(__file__).resolve().parents[1] / "scenarios" / "sites"
@@ -67,3 +71,18 @@ def test_a_crashed_jobs_return_is_held_for() -> None:
     spread = summarize(run(load_scenario(FAULTS / "bess-offline.toml"), controller="dimmer"))
     assert spread["ramp_violation_s"] == 0.0 and spread["pcc_overlimit_s"] == 0.0
     assert spread["goodput_loss_power_pct"] < 0.1
+
+
+def test_a_job_the_scheduler_ended_is_no_return_to_hold_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """no-battery-start: the fine-tuning job stops for good at 720 s. Told it has ended (Observation.job_ended,
+    what a scheduler knows), the controller holds no floors for its return; not told (a site device that writes
+    only running or not), every stop may come back, and the return hold pays the exchange rate's whole budget in
+    floors. The same goodput either way: the job never came back."""
+    path = SITES / "no-battery-start.toml"
+    told = summarize(run(load_scenario(path), controller="dimmer"))
+    monkeypatch.setattr(Workload, "job_ended", lambda self: np.zeros(self.n_jobs, dtype=bool))
+    blind = summarize(run(load_scenario(path), controller="dimmer"))
+    for s in (told, blind):
+        assert s["ramp_violation_s"] == 0.0 and s["pcc_overlimit_s"] == 0.0 and s["breaker_trips"] == 0
+    assert told["energy_overhead_pct"] < 3.0 < 8.0 < blind["energy_overhead_pct"]
+    assert told["goodput_loss_power_pct"] == pytest.approx(blind["goodput_loss_power_pct"], abs=0.01)

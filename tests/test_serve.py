@@ -9,6 +9,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,13 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from dimmer.cli import sim_config
 from dimmer.daemon import registers as R
 from dimmer.daemon.bus import DeviceRefused, ModbusTcpBus, WriteNotAllowed
+from dimmer.daemon.config import validate_config
 from dimmer.daemon.devices import RackDevice, SiteDevice, SunSpecBattery, SunSpecMeter
+from dimmer.daemon.handles import build_devices, note_reading, tcp_bus_factory
+from dimmer.daemon.observe import ObservationBuilder, Snapshot
 from gridsim.engine import run as run_in_process
 from gridsim.metrics import summarize
 from gridsim.scenario import LoadedScenario, load_scenario
@@ -138,6 +143,40 @@ def test_units_for_a_large_site(tmp_path: Path) -> None:
     assert sum(d["n_racks"] for d in racks) == n and racks[-1]["first_rack"] == 64 * (len(racks) - 1)
 
 
+def test_a_job_the_scheduler_ended_is_served_as_ended_not_stopped(tmp_path: Path) -> None:
+    """A job record carries the job's state over Modbus TCP (dimmer-site-v1, docs/registers.md): a job stopped by
+    the scheduler (gridsim's stop event: STOPPING, then DONE) reads as ended, not as a stop that may come back; the
+    job beside it as running."""
+    p = tmp_path / "two-jobs.toml"
+    text = SCENARIO.format(duration=30.0).replace("gpus = 448", "gpus = 256")
+    text += '\n[[jobs]]\nname = "eval"\npriority = 2\ngpus = 128\nswing_frac = 0.3\niteration_s = 1.0\n'
+    text += '\n[[events]]\nkind = "stop"\nat_s = 2.0\njobs = ["eval"]\n'
+    p.write_text(text)
+    loaded = load_scenario(p)
+
+    async def body(srv: PlantServer) -> None:
+        bus = ModbusTcpBus("127.0.0.1", srv.port)
+        site = devices(srv, bus)[2]
+        await until(lambda: srv.last_obs is not None and srv.last_obs.t_s >= 4.0, timeout_s=10.0)
+        s = await site.read()
+        assert s.ok, s.error
+        np.testing.assert_array_equal(s.array("job_running"), [1.0, 0.0])
+        np.testing.assert_array_equal(s.array("job_ended"), [0.0, 1.0])
+        # ... and the daemon's Observation carries it to the controller
+        cfg = validate_config(sim_config(loaded.scenario, srv.device_map(), "dimmer", tmp_path, 20.0), "x", tmp_path)
+        handles = [h for h in build_devices(cfg, tcp_bus_factory()) if h.kind == "site"]
+        r = await handles[0].device.read()
+        assert r.ok, r.error
+        note_reading(handles[0], r, cfg.config.safety, 20.0)
+        obs = ObservationBuilder(cfg, handles, 20.0).build(Snapshot(time.monotonic(), 0.0, (r,), (r.t_s,)))
+        assert obs.job_ended is not None
+        np.testing.assert_array_equal(obs.job_running, [True, False])
+        np.testing.assert_array_equal(obs.job_ended, [False, True])
+        await handles[0].device.bus.close()
+
+    serve(loaded, body, speed=20.0)
+
+
 def test_served_plant_reads_back_its_observation(tmp_path: Path) -> None:
     async def body(srv: PlantServer) -> None:
         bus = ModbusTcpBus("127.0.0.1", srv.port)
@@ -162,6 +201,8 @@ def test_served_plant_reads_back_its_observation(tmp_path: Path) -> None:
         np.testing.assert_allclose(s.array("domain_limit_w"), obs.domain_limit_w, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(s.array("domain_thermal_frac"), obs.domain_thermal_frac, rtol=1e-6, atol=1e-6)
         np.testing.assert_array_equal(s.array("job_running"), obs.job_running.astype(float))
+        assert obs.job_ended is not None
+        np.testing.assert_array_equal(s.array("job_ended"), obs.job_ended.astype(float))
         assert s.values["pcc_limit_w"] == obs.pcc_limit_w and s.values["ramp_limit_w_per_min"] == 0.5e6
         assert s.values["grid_freq_hz"] == pytest.approx(obs.grid_freq_hz, abs=1e-4)
         assert r.values["lease_state"] == 0 and r.values["safe_cap_w"] == pytest.approx(srv.safe_cap_w)

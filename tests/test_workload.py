@@ -191,12 +191,13 @@ def test_stop_ramps_down_and_keeps_uncommitted_work() -> None:
     assert x[np.argmin(np.abs(t - 51.0))] == pytest.approx(IDLE_W + 0.5 * (0.9 * RATED_W - IDLE_W))
     assert np.all(x[t > 52.0 - 1e-9] == IDLE_W)
     assert state[-1, 0] == JobState.DONE
+    assert w.job_ended()[0] and not w.job_running()[0]  # released: what a scheduler tells the controller
     acc = check_invariant(w)
     gpus = w.site.job_gpus[0]
     assert acc["allocated"][0] == pytest.approx(50.0 * gpus)
     assert acc["useful"][0] == pytest.approx(48.0 * gpus)  # never checkpointed, all of it counts at the end
     w.start(np.array([True]))  # a DONE job resumes from its progress
-    assert w.job_state[0] == JobState.STARTING
+    assert w.job_state[0] == JobState.STARTING and not w.job_ended()[0]
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints

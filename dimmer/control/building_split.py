@@ -134,6 +134,7 @@ def building_observation(part: BuildingPart, obs: Observation, ceiling_w: float,
         bess_power_w=0.0,
         bess_online=False,
         job_running=obs.job_running,
+        job_ended=obs.job_ended,
         rack_load_peak_w=peak,
         import_floor_w=floor_w,
     )

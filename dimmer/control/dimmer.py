@@ -452,6 +452,14 @@ class DimmerController:
         # it can draw under its cap. The interconnect is held on this bound; the battery charges only under it.
         n_jobs = site.n_jobs
         job_rack_now = self.running_rack
+        # A job the scheduler has released (obs.job_ended) is no return to hold the import up for: a job that had
+        # finished kept no-battery-start's floors up at the exchange rate's whole budget, 10.5 % of the site's energy
+        # for a return that never came. Its racks still count at what they drew (a job started on them may draw it
+        # again at once: mass-restart's jobs, all started again together, met a battery charging under a bound that
+        # had forgotten them, 0.8 s over the limit).
+        gone: BoolArray | None = None
+        if n_jobs and obs.job_ended is not None and obs.job_ended.any():
+            gone = job_rack_now & (obs.job_ended & ~obs.job_running)[self.job_rack]
         # (a stopped job's hold does not decay: it may return at any time, and only its BBUs can shield that; nor
         # does a running job's within return_hold_full_s of its last peak: a dip in its work is no lasting fall,
         # and a rack under a cut that stays counted at its cap keeps the cut on its own job, not the one above it)
@@ -513,10 +521,11 @@ class DimmerController:
         return_w = return_gpus = 0.0  # what the racks of stopped jobs would add back, on how many GPUs
         if n_jobs:
             down = job_rack_now & ~obs.job_running[self.job_rack]
-            if down.any():
-                back_w = np.where(down, np.maximum(nan_to_num(self.long_env_w) - load_env, 0.0), 0.0)
+            may_return = down if gone is None else down & ~gone
+            if may_return.any():
+                back_w = np.where(may_return, np.maximum(nan_to_num(self.long_env_w) - load_env, 0.0), 0.0)
                 return_w = float(back_w.sum())
-                return_gpus = float(site.rack_active_gpus[down].sum())
+                return_gpus = float(site.rack_active_gpus[may_return].sum())
             # (and for four periods after its job runs again: the readings show a return a period late, and the
             # battery may still be charging under the bound the BBU held)
             self.job_run_since_s = np.where(obs.job_running, np.fmin(self.job_run_since_s, obs.t_s), np.inf)

@@ -202,8 +202,9 @@ class RackDevice(_Device):
 class SiteDevice(_Device):
     """The site device (`dimmer-site-v1`), read only.
 
-    Values: arrays "domain_power_w", "domain_limit_w", "domain_thermal_frac" (n_domains,) and "job_running"
-    (n_jobs,); scalars "pcc_limit_w", "ramp_limit_w_per_min", "grid_freq_hz", "update_count".
+    Values: arrays "domain_power_w", "domain_limit_w", "domain_thermal_frac" (n_domains,), "job_running" and
+    "job_ended" (n_jobs; 1.0 or 0.0 from the job's state, NaN where it is not implemented or out of range); scalars
+    "pcc_limit_w", "ramp_limit_w_per_min", "grid_freq_hz", "update_count".
     """
 
     kind = "site"
@@ -253,6 +254,7 @@ class SiteDevice(_Device):
             "domain_limit_w": np.full(d, np.nan),
             "domain_thermal_frac": np.full(d, np.nan),
             "job_running": np.full(self.n_jobs, np.nan),
+            "job_ended": np.full(self.n_jobs, np.nan),
         }
         return out | dict.fromkeys(("pcc_limit_w", "ramp_limit_w_per_min", "grid_freq_hz", "update_count"), math.nan)
 
@@ -270,7 +272,8 @@ class SiteDevice(_Device):
                 f"device has {_f(hdr['n_domains']):.0f} domains from {first:.0f} and {_f(hdr['n_jobs']):.0f} jobs, "
                 f"configured {self.n_domains} from {self.first_domain} and {self.n_jobs}"
             )
-        jobs = R.decode_records(R.SITE_JOB, words[R.SITE_JOB_BASE :], self.n_jobs, 1)["running"]
+        state = R.decode_records(R.SITE_JOB, words[R.SITE_JOB_BASE :], self.n_jobs, 1)["state"]
+        known = np.isfinite(state)
         words_d: list[int] = []
         for a, b in self._runs:
             words_d += await self._get(R.site_domain_address(a), R.SITE_DOMAIN_STRIDE * (b - a))
@@ -283,7 +286,8 @@ class SiteDevice(_Device):
             "domain_power_w": dom["power_w"],
             "domain_limit_w": dom["limit_w"],
             "domain_thermal_frac": dom["thermal_frac"],
-            "job_running": jobs,
+            "job_running": np.where(known, state == R.JOB_RUNNING, np.nan),
+            "job_ended": np.where(known, state == R.JOB_ENDED, np.nan),
         }
         out |= {k: _f(hdr[k]) for k in ("pcc_limit_w", "ramp_limit_w_per_min", "grid_freq_hz", "update_count")}
         return out

@@ -41,6 +41,7 @@ class ObservationBuilder:
         self.last_domain_limit_w = np.full(self.site.n_domains, np.nan)
         self.last_ramp_w_per_min = math.nan
         self.last_job_running = np.ones(self.site.n_jobs, dtype=bool)
+        self.last_job_ended = np.zeros(self.site.n_jobs, dtype=bool)
 
     def build(self, snap: Snapshot) -> Observation:
         site, n_r, n_d = self.site, self.site.n_racks, self.site.n_domains
@@ -94,6 +95,8 @@ class ObservationBuilder:
                     self.last_ramp_w_per_min = rl
                 jr = value_array(v, "job_running", site.n_jobs)
                 self.last_job_running = np.where(np.isfinite(jr), jr > 0.5, self.last_job_running)
+                je = value_array(v, "job_ended", site.n_jobs)
+                self.last_job_ended = np.where(np.isfinite(je), je > 0.5, self.last_job_ended)
             elif h.kind == "meter":
                 p = value_num(v, "power_w")
                 domain_power[h.domain] = p
@@ -132,5 +135,6 @@ class ObservationBuilder:
             bess_power_w=bess_w,
             bess_online=online,
             job_running=self.last_job_running.copy(),
+            job_ended=self.last_job_ended.copy(),
             rack_load_peak_w=rack_peak,
         )

@@ -317,6 +317,12 @@ class Workload:
         """(n_jobs,) doing training work now: RUNNING, or CHECKPOINT with an asynchronous write."""
         return self._running.copy()
 
+    def job_ended(self) -> BoolArray:
+        """(n_jobs,) stopped by the scheduler: STOPPING (its stop ramp) or DONE. The engine reports those no later
+        start event brings back as ended (Observation.job_ended); one started again is pending, as a requeued job."""
+        ended: BoolArray = (self.job_state == int(JobState.STOPPING)) | (self.job_state == int(JobState.DONE))
+        return ended
+
     def rack_demand_w(self, out: FloatArray | None = None) -> FloatArray:
         """(n_racks,) per-active-GPU demand in W now, uncapped; idle_w (or background) where nothing runs.
 

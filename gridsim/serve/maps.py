@@ -80,7 +80,10 @@ def publish_site(img: Image, site: SiteModel, obs: Observation, update_count: in
     img.set(6, R.encode_uint32(update_count))
     img.set(8, R.encode_float32([obs.pcc_limit_w, obs.ramp_limit_w_per_min, obs.grid_freq_hz]))
     if site.n_jobs:
-        img.set(R.SITE_JOB_BASE, obs.job_running.astype(np.int64))
+        state = np.where(obs.job_running, R.JOB_RUNNING, R.JOB_STOPPED)
+        if obs.job_ended is not None:
+            state = np.where(obs.job_ended & ~obs.job_running, R.JOB_ENDED, state)
+        img.set(R.SITE_JOB_BASE, state.astype(np.int64))
     n = (img.size - R.SITE_DOMAIN_BASE) // R.SITE_DOMAIN_STRIDE
     sl = slice(first, first + n)
     domains = {

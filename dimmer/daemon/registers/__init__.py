@@ -59,6 +59,9 @@ from dimmer.daemon.registers.building import (
 )
 from dimmer.daemon.registers.docs import POINTS_USED, registers_markdown
 from dimmer.daemon.registers.maps import (
+    JOB_ENDED,
+    JOB_RUNNING,
+    JOB_STOPPED,
     LEASE_EXPIRED,
     LEASE_HELD,
     LEASE_NONE,

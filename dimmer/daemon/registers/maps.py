@@ -117,7 +117,16 @@ SITE_HEADER = Block(
         ),
     ),
 )
-SITE_JOB = (Field("running", 0, "uint16", unit="bool", lo=0, hi=1, desc="1 drawing training power now"),)
+# job state: 0 stopped (a checkpoint stall, a crash: it may come back at any time), 1 drawing training power now,
+# 2 ended (the scheduler released it: it does not come back; a job started on its racks later is a start). A writer
+# that knows no more than running or not writes 0 and 1, as before 2 was defined.
+JOB_STOPPED, JOB_RUNNING, JOB_ENDED = 0, 1, 2
+SITE_JOB = (
+    Field(
+        "state", 0, "uint16", lo=JOB_STOPPED, hi=JOB_ENDED,
+        desc="0 stopped (may come back), 1 drawing training power now, 2 ended (released by the scheduler)",
+    ),
+)  # fmt: skip
 SITE_DOMAIN = (
     Field("power_w", 0, "float32", unit="W", lo=-1e12, hi=1e12, desc="domain meter (the campus: net import)"),
     Field("limit_w", 2, "float32", unit="W", lo=0.0, hi=1e12, desc="rating in force (a derate lowers it)"),
