@@ -140,10 +140,10 @@ def test_a_curtailment_cuts_the_lower_priority_job_first(stem: str) -> None:
 
 
 def test_a_job_capped_flat_is_known_at_its_caps() -> None:
-    """curtailment: once the finetune job is capped flat at its peak, its racks show no swing for a peak reading to
-    show. Counted at their caps they are known (they draw no more), so the pretraining job's prior over its measured
-    peaks is margin, not load: the campus is planned on its measured peaks (4.71 % of GPU time lost while the flat
-    job's missing peak readings kept that relief from every job; now 3.4 %), and the limit still holds."""
+    """curtailment: the finetune job capped at 785 W reads flat now and then (every 79 s its peak readings show no
+    swing). Counted at their caps its racks are known all the same (they draw no more), so the pretraining job's
+    prior over its measured peaks stays margin, not load: 4.71 % of GPU time lost while each flat period dropped that
+    relief for a period and cut caps that took minutes to rise back; now 3.4 %, and the limit still holds."""
     s = summarize(run(load_scenario(FAULTS / "curtailment.toml"), controller="dimmer"))
     assert s["pcc_overlimit_s"] == 0.0 and s["ramp_violation_s"] == 0.0 and s["breaker_trips"] == 0
     assert s["goodput_loss_power_pct"] < 4.0

@@ -738,9 +738,11 @@ class DimmerController:
         # over the limit as it fell). Covering only the planning level instead, tried, cost the faults whose
         # readings are wrong up to 8 points of goodput (meter-drift 6.2 -> 14.1 %). A rack counted at its caps is
         # known as well as a measured one: asking for its peak reading, a job capped flat (no swing to show) kept
-        # the margin from every other job's prior, and curtailment's fault sites lost 4.7 % of their GPU time where
-        # they now lose 3.4 %. (Taking such racks as measured everywhere, the ceiling of the bound check at the limit
-        # itself too, tried, took the library's curtailment 10.7 s over its limit as the battery neared its reserve.)
+        # the margin from every other job's prior, for good (trace-campus-curtail's RL job at 462 W) or in the
+        # periods its readings fell flat (curtailment's finetune at 785 W, every 79 s: each time a cut that took
+        # minutes to rise back), and curtailment's fault sites lost 4.7 % of their GPU time; now 3.4 %. (Taking such
+        # racks as measured everywhere, the ceiling of the bound check at the limit itself too, tried, took the
+        # library's curtailment 10.7 s over its limit as the battery neared its reserve.)
         margin_bound_w = cut_bound_w
         known = gaining and bool(running_racks.any()) and bound_known
         if known and self.ramp_room.seen >= 2 * self.ramp_room.n and discharge_plan_w >= discharge_w:
