@@ -452,14 +452,6 @@ class DimmerController:
         # it can draw under its cap. The interconnect is held on this bound; the battery charges only under it.
         n_jobs = site.n_jobs
         job_rack_now = self.running_rack
-        # A job the scheduler has released (obs.job_ended) is no return to hold the import up for: a job that had
-        # finished kept no-battery-start's floors up at the exchange rate's whole budget, 10.5 % of the site's energy
-        # for a return that never came. Its racks still count at what they drew (a job started on them may draw it
-        # again at once: mass-restart's jobs, all started again together, met a battery charging under a bound that
-        # had forgotten them, 0.8 s over the limit).
-        gone: BoolArray | None = None
-        if n_jobs and obs.job_ended is not None and obs.job_ended.any():
-            gone = job_rack_now & (obs.job_ended & ~obs.job_running)[self.job_rack]
         # (a stopped job's hold does not decay: it may return at any time, and only its BBUs can shield that; nor
         # does a running job's within return_hold_full_s of its last peak: a dip in its work is no lasting fall,
         # and a rack under a cut that stays counted at its cap keeps the cut on its own job, not the one above it)
@@ -521,7 +513,12 @@ class DimmerController:
         return_w = return_gpus = 0.0  # what the racks of stopped jobs would add back, on how many GPUs
         if n_jobs:
             down = job_rack_now & ~obs.job_running[self.job_rack]
-            may_return = down if gone is None else down & ~gone
+            # A job the scheduler has released (obs.job_ended) is no return to hold the import up for: a job that
+            # had finished kept no-battery-start's floors up at the exchange rate's whole budget, 10.5 % of the
+            # site's energy for a return that never came. Its racks still count at what they drew (a job started on
+            # them may draw it again at once: mass-restart's jobs, all started again together, met a battery
+            # charging under a bound that had forgotten them, 0.8 s over the limit).
+            may_return = down if obs.job_ended is None else down & ~obs.job_ended[self.job_rack]
             if may_return.any():
                 back_w = np.where(may_return, np.maximum(nan_to_num(self.long_env_w) - load_env, 0.0), 0.0)
                 return_w = float(back_w.sum())
@@ -671,10 +668,11 @@ class DimmerController:
         # racks' jobs are stopped (rack_back_w: each rack with its stopped job back)
         self.bound_w, self.prior_w, self.return_w, self.return_gpus = cut_bound_w, unmeasured_w, return_w, return_gpus
         self.rack_bound_w, self.rack_down = bound_rack, down
-        measured_all = not (running_racks & ~peak_seen).any()  # (every running rack's peak measured)
+        unmeasured_rack = running_racks & ~peak_seen
+        measured_all = not unmeasured_rack.any()  # (every running rack's peak measured)
         # ... or, for the margin below, known: a rack whose bound is its caps in force draws no more than they let
         # it, whatever its readings show (a job capped flat at its peak shows no swing, and no peak reading can)
-        bound_known = not (running_racks & ~peak_seen & (bound_rack < at_caps)).any()
+        bound_known = not (unmeasured_rack & (bound_rack < at_caps)).any()
         self.all_measured = measured_all
         prev = bus_w if self.grid_target_w is None else self.grid_target_w
         target = forecast + soc_pull
