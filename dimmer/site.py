@@ -51,6 +51,12 @@ class RackStorageRatings:
     bbu_round_trip_eff: float
     bbu_soc_min_frac: float
     bbu_soc_max_frac: float
+    tray_refill_s: float = 2.0  # the trays' refill time constant (TraySpec.refill_s)
+
+    def tray_refill_w(self) -> FloatArray:
+        """The most each rack's supply carries above its load while its tray refills: half the tray's energy over
+        its refill time, within the tray's power."""
+        return np.minimum(self.tray_power_w, self.tray_energy_j / (2.0 * self.tray_refill_s))
 
 
 @dataclass(frozen=True)
@@ -271,6 +277,7 @@ def build_site(spec: SiteSpec, jobs: Sequence[JobPlacementSpec] | None = None, s
         bbu_round_trip_eff=st.bbu.round_trip_eff,
         bbu_soc_min_frac=st.bbu.soc_min_frac,
         bbu_soc_max_frac=st.bbu.soc_max_frac,
+        tray_refill_s=st.tray.refill_s,
     )
     bess = BessRatings(
         power_w=st.bess.power_mw * 1e6,

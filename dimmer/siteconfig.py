@@ -120,6 +120,10 @@ class TraySpec(Strict):
 
     j_per_gpu: float = Field(default=65.0, ge=0)
     kw_per_rack: float | None = Field(default=None, ge=0)
+    # how fast a tray's charge is brought back to half after a swing moved it (a time constant): while it refills
+    # the rack's supply carries up to half its energy over this time above the rack's own load, at a swing's peak
+    # too (assumption: no public figure; a swing's phases are 1-2 s)
+    refill_s: float = Field(default=2.0, gt=0, le=600)
 
 
 class BbuSpec(Strict):

@@ -84,6 +84,7 @@ def _part(site: SiteModel, name: str, domain: int, start: int, stop: int, domain
         bbu_round_trip_eff=rs.bbu_round_trip_eff,
         bbu_soc_min_frac=rs.bbu_soc_min_frac,
         bbu_soc_max_frac=rs.bbu_soc_max_frac,
+        tray_refill_s=rs.tray_refill_s,
     )
     sub = replace(
         site,
