@@ -21,53 +21,24 @@ from dimmer.site import SiteModel
 from gridsim.engine import run
 from gridsim.plant.storage import CapacitorTrays
 from gridsim.scenario import load_scenario
-
-# 8 GB300 racks, one 448-GPU job swinging 35 % every 2 s under a 0.85 MW limit that binds, a 0.5 MW battery that
-# trips at `at_s` (the daemon fault tests' site)
-SITE = """
-name = "tray-refill"
-seed = 3
-duration_s = 70
-events = [{{ kind = "storage", at_s = {at_s}, mode = "bess_offline" }}]
-
-[site]
-gpu = "gb300"
-gpus_per_rack = 72
-active_gpus_per_rack = 64
-spare_rack_frac = 0.02
-{tray}
-[site.pcc]
-limit_mw = 0.85
-ramp_mw_per_min = 0.5
-ramp_window_s = 10
-
-[[site.levels]]
-level = "row"
-count = 1
-rating_kw = 900
-
-[[site.levels]]
-level = "rack"
-count = 8
-
-[site.storage.bess]
-power_mw = 0.5
-energy_mwh = 0.25
-
-[[jobs]]
-name = "train"
-priority = 10
-gpus = 448
-swing_frac = 0.35
-iteration_s = 2.0
-compute_frac = 0.7
-"""
+from tests.test_daemon_faults import SCENARIO
 
 
-def _site(tmp_path: Path, at_s: float, tray: str = "") -> SiteModel:
+def _write(tmp_path: Path, at_s: float) -> Path:
+    """The daemon fault tests' site (8 GB300 racks, one 448-GPU job swinging 35 % every 2 s under a 0.85 MW limit
+    that binds, a 0.5 MW battery), 70 s long, its battery tripping at `at_s`."""
+    text = SCENARIO.format(duration=70).replace(
+        "duration_s = 70\n",
+        f'duration_s = 70\nevents = [{{ kind = "storage", at_s = {at_s}, mode = "bess_offline" }}]\n',
+        1,
+    )
     path = tmp_path / "s.toml"
-    path.write_text(SITE.format(at_s=at_s, tray=tray))
-    return load_scenario(path).site()
+    path.write_text(text)
+    return path
+
+
+def _site(tmp_path: Path, at_s: float, overrides: list[str] | None = None) -> SiteModel:
+    return load_scenario(_write(tmp_path, at_s), overrides or []).site()
 
 
 with tempfile.TemporaryDirectory() as _d:
@@ -78,7 +49,7 @@ def test_a_trays_refill_is_half_its_energy_over_its_refill_time_within_its_power
     rs = _site(tmp_path, 30.0).rack_storage
     # GB300 NVL72: 65 J x 72 GPUs = 4,680 J, refilled over 2 s: 1,170 W (its 30.2 kW power does not bind)
     np.testing.assert_allclose(rs.tray_refill_w(), 4680.0 / 2.0 / 2.0)
-    slow = _site(tmp_path, 30.0, "[site.storage.tray]\nrefill_s = 0.01\nkw_per_rack = 100\n").rack_storage
+    slow = _site(tmp_path, 30.0, ["site.storage.tray.refill_s=0.01", "site.storage.tray.kw_per_rack=100"]).rack_storage
     np.testing.assert_allclose(slow.tray_refill_w(), 100e3)  # (a fast refill is held to the tray's power)
 
 
@@ -110,12 +81,11 @@ def test_a_battery_lost_under_a_job_capped_at_its_peaks_takes_the_import_over_on
     trays' refill is counted in the bound held at the limit (without it: 3 kW over the limit at every peak, for
     good, 0.7 s of each 2 s iteration)."""
     for at_s in (30.0, 30.6, 31.2):
-        path = tmp_path / "s.toml"
-        path.write_text(SITE.format(at_s=at_s, tray=""))
-        res = run(load_scenario(path), "dimmer")
+        res = run(load_scenario(_write(tmp_path, at_s)), "dimmer")
         t, grid_w, limit_w = res.t_s, res.tick["grid_w"], res.tick["pcc_limit_w"]
         lost_w = float(res.tick["bess_w"][t < at_s][-1])
         assert lost_w > 10e3  # (the battery was giving when it tripped)
+        assert np.all(res.tick["bess_w"][t > at_s + 0.2] == 0.0)  # (and gave nothing after)
         over = (t >= 20.0) & (grid_w > limit_w * (1 + 1e-9))
         assert np.all(t[over] >= at_s) and np.all(t[over] < at_s + 2.0), t[over]
         assert np.all(grid_w[over] - limit_w[over] < lost_w)
