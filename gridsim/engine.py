@@ -200,7 +200,7 @@ class Simulation:
                 m = job_mask(site, ev)
                 self.last_start_s[m] = np.fmax(self.last_start_s[m], ev.at_s)
         self.gpus = GpuBank(site, sc.gpu)
-        self.trays = CapacitorTrays(site, recenter_tau_s=site.rack_storage.tray_refill_s)
+        self.trays = CapacitorTrays(site)
         self.bbus = RackBbus(site)
         self.bess = CampusBess(site)
         self.breakers = BreakerBank(site, sc.breakers)

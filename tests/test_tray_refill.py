@@ -66,7 +66,7 @@ def test_the_supply_never_carries_more_than_the_highest_load_plus_the_refill(
     """Whatever the swing, a rack's supply stays under the highest load it has drawn plus its tray's refill: the
     bound the controller counts at the interconnect."""
     site = replace(GB300_SITE, rack_storage=replace(GB300_SITE.rack_storage, tray_refill_s=refill_s))
-    trays = CapacitorTrays(site, recenter_tau_s=refill_s)
+    trays = CapacitorTrays(site)  # (recentering on the site's refill time)
     t = np.arange(400)
     high = (t % period_ticks) < duty * period_ticks
     load = np.where(high, 100e3, 100e3 - swing_w)[:, None] * np.ones(site.n_racks)

@@ -34,10 +34,14 @@ class CapacitorTrays:
     than the rack's own load (a tray never back-feeds the grid). Lossless (assumption).
     """
 
-    def __init__(self, site: SiteModel, smoothing_tau_s: float = 0.2, recenter_tau_s: float = 2.0) -> None:
+    def __init__(self, site: SiteModel, smoothing_tau_s: float = 0.2, recenter_tau_s: float | None = None) -> None:
+        """`recenter_tau_s` None: the site's trays' refill time (`RackStorageRatings.tray_refill_s`), which the
+        controller counts the refill on."""
+        rs = site.rack_storage
+        if recenter_tau_s is None:
+            recenter_tau_s = rs.tray_refill_s
         if not (smoothing_tau_s >= 0.0 and recenter_tau_s > 0.0):
             raise ValueError("smoothing_tau_s must be >= 0 and recenter_tau_s > 0")
-        rs = site.rack_storage
         self.smoothing_tau_s = float(smoothing_tau_s)
         self.recenter_tau_s = float(recenter_tau_s)
         self.energy_max_j: FloatArray = rs.tray_energy_j.astype(np.float64, copy=True)
